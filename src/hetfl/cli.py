@@ -214,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark preset (methods x seeds) or the speed check")
     bench.add_argument("preset", help="a preset name (see README), a preset .toml file, 'speed' or 'memory'")
     bench.add_argument("--out", help="results folder (default results/PRESET)")
-    bench.add_argument("--runs-dir", help="where the individual runs go (default runs/bench, shared by all presets: a finished run is reused by any preset that has it)")
+    bench.add_argument("--runs-dir", help="where the individual runs go (default runs/bench, shared by all "
+                       "presets: a finished run is reused by any preset that has it)")
     bench.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
     bench.add_argument("--rounds", type=int, help="override the rounds of every run")
     bench.add_argument("--repeats", type=int, default=3, help="speed: repetitions (median reported)")
