@@ -209,6 +209,7 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
     parts.append(f"Accuracy in % on the test set, mean ± std over seeds {seeds}. \"accuracy\" is the "
                  "method's own prediction (the last exit, or the ensemble = mean of the exits' logits); "
                  "\"best round\" is the round of the best accuracy; traffic is the mean over rounds of the "
-                 "bytes sent to clients.")
+                 "bytes sent to clients." + (" With one seed there is no estimate of seed noise: read gaps "
+                                             "of a point or less as undecided." if len(seeds) == 1 else ""))
     parts.append(f"Regenerate: `{command}`")
     return "\n\n".join(p for p in parts if p) + "\n"

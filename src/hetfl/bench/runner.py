@@ -185,7 +185,9 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     out_dir.mkdir(parents=True, exist_ok=True)
     options = preset.get("report", {})
     costs = _model_costs(resolved) if options.get("costs") else None
-    command = f"hetfl bench {name_or_path}" + (f" --out {out}" if out else "")
+    command = " ".join([f"hetfl bench {name_or_path}", *([f"--out {out}"] if out else []),
+                        *([f"--seeds {','.join(map(str, seeds))}"] if seeds else []),
+                        *(f"--{k} {v}" for k, v in (overrides or {}).items())])
     report = bench_report(preset, results, command, models=options.get("models", False) or costs is not None,
                           costs=costs)
     (out_dir / "table.md").write_text(report)
