@@ -38,6 +38,11 @@ def test_better_than_every_one_with_noise_flag_and_rounds():
     assert check_claim({"better": "A", "worse": "B", "worse_metric": "global/exit1"}, RESULTS)[1] == "held"
     close = {"X": [summary(0.90, 0, 1), summary(0.80, 0, 1)], "Y": [summary(0.84, 0, 1), summary(0.84, 0, 1)]}
     assert check_claim({"better": "X", "worse": "Y"}, close)[1] == "held (within seed noise)"
+    # P loses to Q by far and beats R narrowly: a clear loss, not noise
+    mixed = {"P": [summary(0.80, 0, 1), summary(0.82, 0, 1)], "Q": [summary(0.90, 0, 1), summary(0.92, 0, 1)],
+             "R": [summary(0.805, 0, 1), summary(0.815, 0, 1)]}
+    assert check_claim({"better": "P", "worse": ["Q", "R"]}, mixed)[1] == "did not hold"
+    assert check_claim({"better": "Y", "worse": "X"}, close)[1] == "did not hold (within seed noise)"
 
 
 def test_threshold_and_gain_claims():

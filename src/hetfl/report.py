@@ -187,8 +187,11 @@ def check_claim(claim: dict, results: dict[str, list[dict]]) -> list[str]:
     rivals = [(mean(label, other), std(label, other)) for label in worse]
     if best_mean is None or any(m is None for m, _ in rivals):
         return [text, "undecided (a metric is missing)", measured]
-    held = all((best_mean < m) if lower else (best_mean > m) for m, _ in rivals)
-    noisy = any(abs(best_mean - m) <= max(std(best), s) for m, s in rivals)
+    beaten = [(best_mean < m) if lower else (best_mean > m) for m, _ in rivals]
+    close = [abs(best_mean - m) <= max(std(best), s) for m, s in rivals]
+    held = all(beaten)
+    # held: is any win within noise? did not hold: is every loss within noise?
+    noisy = any(close) if held else all(c for c, b in zip(close, beaten) if not b)
     return [text, ("held" if held else "did not hold") + (" (within seed noise)" if noisy else ""), measured]
 
 
