@@ -83,10 +83,14 @@ def _as_list(value) -> list:
 NOT_THE_RUN = ("out", "name", "target_accuracy")  # where a run is written and what its report looks for
 
 
+def run_values(cfg: Config) -> dict:
+    """Everything that defines the run's results (not where it is written or what is reported)."""
+    return {k: v for k, v in cfg.to_dict().items() if k not in NOT_THE_RUN}
+
+
 def config_key(cfg: Config) -> str:
-    """A short hash of everything that defines the run's results (not where it is written or what is reported)."""
-    values = {k: v for k, v in cfg.to_dict().items() if k not in NOT_THE_RUN}
-    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
+    """A short hash of the run's values: its folder name."""
+    return hashlib.sha256(json.dumps(run_values(cfg), sort_keys=True).encode()).hexdigest()[:10]
 
 
 def preset_configs(preset: dict, overrides: dict, seeds: list[int] | None) -> list[tuple[str, int, Config]]:
@@ -104,8 +108,7 @@ def preset_configs(preset: dict, overrides: dict, seeds: list[int] | None) -> li
 
 def same_run(a: Config, b: Config) -> bool:
     """Whether two configs define the same run, wherever it is written and whatever its report looks for."""
-    blank = dict.fromkeys(("out", "name"), "") | {"target_accuracy": 0.0}
-    return a.replace(**blank) == b.replace(**blank)
+    return run_values(a) == run_values(b)
 
 
 def finished_run(runs_root: Path, cfg: Config) -> dict | None:
