@@ -36,7 +36,9 @@ def crash_point(name: str) -> None:
     wanted = os.environ.get("HETFL_CRASH_AT")
     if not wanted:
         return
-    point, _, nth = wanted.partition(":")
+    point, _, nth = wanted.rpartition(":")
+    if not nth.isdigit():  # no count given (point names hold colons too)
+        point, nth = wanted, "1"
     if point != name:
         return
     _crash_counts[name] = _crash_counts.get(name, 0) + 1
