@@ -135,7 +135,8 @@ class Simulation:
         if partial:
             warn_partial_line(run_dir / "metrics.jsonl", f"resuming after round {sim.start_round}")
         sim.history = [r for r in history if r["round"] <= sim.start_round]
-        write_jsonl(run_dir / "metrics.jsonl", sim.history)
+        if partial or len(sim.history) < len(history):  # a finished run's folder stays untouched
+            write_jsonl(run_dir / "metrics.jsonl", sim.history)
         return sim
 
     @property
