@@ -29,7 +29,8 @@ from .losses import ensemble_logits
 from .methods import build_method
 from .report import headline_accuracy, rounds_to_target
 from .rundir import (append_jsonl, atomic_torch_save, atomic_write_json, create_run_dir, crash_point, lock_run_dir,
-                     read_jsonl, readable_json_file, readable_torch_file, remove_tree, unlock_run_dir, warn_partial_line, write_jsonl)
+                     read_jsonl, readable_json_file, readable_torch_file, remove_tree, unlock_run_dir,
+                     warn_partial_line, write_jsonl)
 from .seeding import rng_for, torch_generator
 from .slicing import SubModel, extract, state_bytes
 from .train import ClientData, RoundContext
@@ -272,7 +273,8 @@ class Simulation:
 
     def final_files_ok(self) -> bool:
         """Whether the run folder holds a readable final_model.pt and summary.json."""
-        return readable_torch_file(self.run_dir / "final_model.pt") and readable_json_file(self.run_dir / "summary.json")
+        run_dir = self.run_dir
+        return readable_torch_file(run_dir / "final_model.pt") and readable_json_file(run_dir / "summary.json")
 
     def save_checkpoint(self, round_index: int) -> None:
         """Checkpoint the state after ``round_index``."""
