@@ -122,6 +122,16 @@ def cmd_bench(args) -> int:
 
         run_speed(rounds=args.rounds or 2, repeats=args.repeats, device=args.device or "cpu")
         return 0
+    if args.preset == "checkpoint":
+        from .bench.checkpoint import run_checkpoint_bench
+
+        run_checkpoint_bench(rounds=args.rounds or 5, device=args.device or "cpu")
+        return 0
+    if args.preset == "chaos":
+        from .bench.chaos import run_chaos
+
+        seed = int(args.seeds.split(",")[0]) if args.seeds else 0
+        return 0 if run_chaos(kills=args.kills, rounds=args.rounds or 40, seed=seed, out=args.out)["ok"] else 1
     from .bench.runner import run_bench
 
     overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
@@ -234,13 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(fn=cmd_data_fetch)
 
     bench = sub.add_parser("bench", help="run a benchmark preset (methods x seeds) or the speed check")
-    bench.add_argument("preset", help="a preset name (see README), a preset .toml file, 'speed' or 'memory'")
+    bench.add_argument("preset", help="a preset name (see README), a preset .toml file, 'speed', 'memory', "
+                       "'checkpoint' (what a checkpoint costs per round) or 'chaos' (kill -9 and resume soak)")
     bench.add_argument("--out", help="results folder (default results/PRESET)")
     bench.add_argument("--runs-dir", help="where the individual runs go (default runs/bench, shared by all "
                        "presets: a finished run is reused by any preset that has it)")
     bench.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
     bench.add_argument("--rounds", type=int, help="override the rounds of every run")
     bench.add_argument("--repeats", type=int, default=3, help="speed: repetitions (median reported)")
+    bench.add_argument("--kills", type=int, default=20, help="chaos: how many kill -9s (the first --seeds value "
+                       "seeds their moments)")
     bench.add_argument("--device", help="torch device")
     bench.add_argument("--model", help="memory: the backbone (default resnet18)")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -55,8 +55,9 @@ def load_preset(name_or_path: str) -> tuple[str, dict]:
     elif name_or_path in preset_names():
         text, name = resources.files("hetfl.presets").joinpath(f"{name_or_path}.toml").read_text(), name_or_path
     else:
+        special = ["speed", "memory", "checkpoint", "chaos"]
         raise HetflError(f"bench preset '{name_or_path}' is unknown; choose one of: "
-                         f"{', '.join(preset_names() + ['speed', 'memory'])}, or give a .toml file")
+                         f"{', '.join(preset_names() + special)}, or give a .toml file")
     try:
         preset = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
