@@ -47,10 +47,10 @@ def idx_bytes(a: np.ndarray, magic: bytes | None = None) -> bytes:
 
 
 def idx_folder(folder: Path, y_train: np.ndarray, y_test: np.ndarray, label_magic: bytes | None = None) -> Path:
-    """An MNIST-style folder of random 6x6 images with these labels."""
+    """An MNIST-style folder of random 8x8 images (as digits: the CNN takes them) with these labels."""
     names = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
     rng = np.random.default_rng(0)
-    arrays = (rng.integers(0, 256, (len(y_train), 6, 6)), y_train, rng.integers(0, 256, (len(y_test), 6, 6)), y_test)
+    arrays = (rng.integers(0, 256, (len(y_train), 8, 8)), y_train, rng.integers(0, 256, (len(y_test), 8, 8)), y_test)
     folder.mkdir(parents=True)
     for name, a in zip(names, arrays):
         (folder / name).write_bytes(idx_bytes(a, label_magic if "labels" in name else None))

@@ -39,10 +39,10 @@ def test_bad_updates_are_dropped_counted_and_warned_once(tiny_cfg, capsys):
 
     sim.method.client_update = client_update
     sim.run(progress=False)
+    assert all(torch.isfinite(t).all() for t in sim.global_state.values() if t.is_floating_point())
     records = [json.loads(line) for line in (sim.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["dropped"] for r in records] == [2, 2]
     assert [r["clients"] for r in records] == [18, 18]
-    assert all(torch.isfinite(t).all() for t in sim.global_state.values() if t.is_floating_point())
     err = capsys.readouterr().err
     assert err.count(f"dropped the update of client {nan_client}: ") == 1  # once per client, not per round
     assert err.count(f"dropped the update of client {shape_client}: ") == 1

@@ -40,7 +40,8 @@ def run_checkpoint_bench(rounds: int = 5, device: str = "cpu", dataset: str = "f
             started = time.perf_counter()
             sim.save_checkpoint(t)
             checkpoint_seconds.append(time.perf_counter() - started)
-        size = sum(f.stat().st_size for f in (sim.run_dir / "checkpoint").rglob("*") if f.is_file())
+        size = (sim.run_dir / "checkpoint" / "state.pt").stat().st_size
+        linked = list((sim.run_dir / "checkpoint" / "client_state").glob("*.pt"))
     finally:
         unlock_run_dir(sim.run_dir)
         shutil.rmtree(sim.run_dir, ignore_errors=True)
@@ -50,7 +51,8 @@ def run_checkpoint_bench(rounds: int = 5, device: str = "cpu", dataset: str = "f
     print(f"{cfg.method} on {cfg.dataset}, {cfg.model} width {cfg.model_width}, {cfg.num_clients} clients, "
           f"{cfg.clients_per_round} per round, {rounds} rounds on {device}")
     print(f"round (train + evaluate): median {r:.3f} s  [{', '.join(f'{x:.3f}' for x in round_seconds)}]")
-    print(f"checkpoint ({size / 2**20:.1f} MiB on disk, client state linked): median {c * 1000:.1f} ms  "
+    print(f"checkpoint (state.pt {size / 2**20:.1f} MiB, {len(linked)} client state files hard-linked): "
+          f"median {c * 1000:.1f} ms  "
           f"[{', '.join(f'{x * 1000:.1f}' for x in checkpoint_seconds)}]")
     print(f"per round at checkpoint_every={cfg.checkpoint_every}: {100 * c / r / cfg.checkpoint_every:.2f}% of a round")
     print(f"checkpoint / round: {c / r:.4f}")
