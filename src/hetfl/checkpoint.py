@@ -4,6 +4,10 @@ A checkpoint folder holds the round, the global state, the server optimizer's st
 hard-link snapshot of the per-client state folder taken at that round. Client state files are
 only ever replaced (write + rename), never modified in place, so the snapshot costs no copy and
 stays exactly what it was; ``--resume`` restores it, which makes a resumed run bit-identical.
+
+A checkpoint is written to ``checkpoint.tmp`` and swapped in by two renames (``checkpoint`` ->
+``checkpoint.old``, ``checkpoint.tmp`` -> ``checkpoint``), then ``checkpoint.old`` is deleted.
+``recover_checkpoint`` turns whatever a kill left at any step back into one checkpoint.
 """
 
 from __future__ import annotations
@@ -15,16 +19,13 @@ from pathlib import Path
 import torch
 
 from .errors import HetflError
+from .rundir import atomic_torch_save, crash_point, readable_torch_file, remove_tree
 from .slicing import State
 
 FORMAT = "hetfl-checkpoint/1"
 
 
-def atomic_save(obj, path: Path) -> None:
-    """torch.save to ``path`` through a temporary file and a rename (nothing half-written)."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+atomic_save = atomic_torch_save  # torch.save through a temporary file and a rename (nothing half-written)
 
 
 class ClientStateStore:
@@ -62,27 +63,55 @@ class ClientStateStore:
         ClientStateStore(src).snapshot(self.root)
 
 
+def recover_checkpoint(run_dir: Path) -> None:
+    """Returns None; leaves ``run_dir/checkpoint`` as the last complete checkpoint (if any) and no leftovers.
+
+    ``checkpoint.old`` is complete whenever ``checkpoint`` is missing (it is only ever deleted
+    after ``checkpoint`` is in place), and ``checkpoint.tmp`` is never trusted.
+    """
+    final, tmp, old = run_dir / "checkpoint", run_dir / "checkpoint.tmp", run_dir / "checkpoint.old"
+    if final.exists():
+        remove_tree(old)  # killed while deleting it: os.replace could never rename onto it again
+    elif old.exists():
+        os.replace(old, final)  # killed between the two renames
+    remove_tree(tmp)  # killed while writing it
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a checkpoint, counting one a kill left as ``checkpoint.old``."""
+    return (run_dir / "checkpoint").exists() or (run_dir / "checkpoint.old").exists()
+
+
 def save_checkpoint(run_dir: Path, payload: dict, clients: ClientStateStore) -> None:
     """Write ``run_dir/checkpoint`` atomically: the payload plus a snapshot of the client state."""
     final, tmp, old = run_dir / "checkpoint", run_dir / "checkpoint.tmp", run_dir / "checkpoint.old"
-    shutil.rmtree(tmp, ignore_errors=True)
+    recover_checkpoint(run_dir)
     tmp.mkdir()
-    torch.save({"format": FORMAT, **payload}, tmp / "state.pt")
     clients.snapshot(tmp / "client_state")
+    files = {f.name: f.stat().st_size for f in (tmp / "client_state").glob("*.pt")}
+    torch.save({"format": FORMAT, **payload, "client_files": files}, tmp / "state.pt")
+    crash_point("checkpoint:written")
     if final.exists():
         os.replace(final, old)
+        crash_point("checkpoint:moved-to-old")
     os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    crash_point("checkpoint:renamed")
+    if old.exists():
+        (old / "state.pt").unlink()
+        crash_point("checkpoint:old-half-deleted")
+        remove_tree(old)
 
 
-def load_checkpoint(run_dir: Path, config) -> dict:
-    """The checkpoint payload of ``run_dir``, checked to be a hetfl checkpoint of this very config."""
+def load_checkpoint(run_dir: Path, config) -> dict | None:
+    """The checkpoint payload of ``run_dir``, checked to be a hetfl checkpoint of this very config
+    with intact client state files; None when the run has no checkpoint yet."""
+    recover_checkpoint(run_dir)
     folder = run_dir / "checkpoint"
-    if not folder.exists() and (run_dir / "checkpoint.old").exists():
-        folder = run_dir / "checkpoint.old"  # interrupted between the two renames of save_checkpoint
     path = folder / "state.pt"
+    if not folder.exists():
+        return None
     if not path.exists():
-        raise HetflError(f"{run_dir} has no checkpoint to resume from (expected {path})")
+        raise HetflError(f"checkpoint {folder} has no state.pt; it is damaged: delete the run folder and start again")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a damaged file
@@ -95,4 +124,23 @@ def load_checkpoint(run_dir: Path, config) -> dict:
         raise HetflError(f"checkpoint {path} belongs to another experiment: its config differs from "
                          f"{run_dir / 'config.json'}")
     payload["client_state_dir"] = folder / "client_state"
+    _check_client_files(payload["client_state_dir"], payload.get("client_files"))
     return payload
+
+
+def _check_client_files(folder: Path, expected: dict[str, int] | None) -> None:
+    """Returns None; raises HetflError if a client state file of the snapshot is missing, cut short or unreadable."""
+    found = {f.name: f.stat().st_size for f in folder.glob("*.pt")} if folder.exists() else {}
+    names = sorted(set(found) | set(expected or {}))
+    for name in names:
+        path = folder / name
+        if expected is not None and found.get(name) != expected.get(name):
+            what = "missing" if name not in found else "unexpected" if name not in expected else \
+                f"{found[name]} bytes instead of {expected[name]}"
+            bad = f"{path} is {what}"
+        elif not readable_torch_file(path):
+            bad = f"{path} is unreadable"
+        else:
+            continue
+        raise HetflError(f"client state file {bad}; the run cannot be resumed exactly: delete the run folder "
+                         "and start again")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -19,7 +20,26 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit code 2)."""
 
     def error(self, message: str):
-        raise HetflError(f"{self.prog}: {message}")
+        sub = self.prog.removeprefix("hetfl").strip()  # main prints "hetfl: error:" already
+        raise HetflError(f"{sub}: {message}" if sub else message)
+
+
+NEGATIVE_VALUE = re.compile(r"^-\.?\d")  # -1, -0.5, -.5, -1,2,7: a value, never a flag
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """``argv`` with a negative value glued to its flag (``--proportions -1,2,7`` -> ``--proportions=-1,2,7``).
+
+    argparse takes ``-1,2,7`` for a flag and reports "expected one argument"; glued, the value
+    reaches validation, which names what is wrong with it.
+    """
+    out: list[str] = []
+    for arg in argv:
+        if out and NEGATIVE_VALUE.match(arg) and out[-1].startswith("--") and "=" not in out[-1] and out[-1] != "--":
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +71,7 @@ def cmd_run(args) -> int:
         overrides = given_options(args)
         cfg = Config.load(args.config, overrides) if args.config else Config.from_dict(overrides, source="flags")
         sim = Simulation(cfg)
-    summary = sim.run(progress=not args.quiet) if sim.start_round < sim.cfg.rounds else sim.summary()
+    summary = sim.run(progress=not args.quiet)  # a finished run only has its final files checked (and repaired)
     print(run_table(summary))
     return 0
 
@@ -102,6 +122,16 @@ def cmd_bench(args) -> int:
 
         run_speed(rounds=args.rounds or 2, repeats=args.repeats, device=args.device or "cpu")
         return 0
+    if args.preset == "checkpoint":
+        from .bench.checkpoint import run_checkpoint_bench
+
+        run_checkpoint_bench(rounds=args.rounds or 5, device=args.device or "cpu")
+        return 0
+    if args.preset == "chaos":
+        from .bench.chaos import run_chaos
+
+        seed = int(args.seeds.split(",")[0]) if args.seeds else 0
+        return 0 if run_chaos(kills=args.kills, rounds=args.rounds or 40, seed=seed, out=args.out)["ok"] else 1
     from .bench.runner import run_bench
 
     overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
@@ -168,10 +198,12 @@ def cmd_costs(args) -> int:
 
 def cmd_plot(args) -> int:
     from .plots import plot_curves
-    from .sim import _read_jsonl
+    from .rundir import read_jsonl, warn_partial_line
 
     run_dir = Path(args.run_dir)
-    history = _read_jsonl(run_dir / "metrics.jsonl")
+    history, partial = read_jsonl(run_dir / "metrics.jsonl")
+    if partial:
+        warn_partial_line(run_dir / "metrics.jsonl", "plotting the complete rounds")
     if not history:
         raise HetflError(f"{run_dir} has no metrics.jsonl with rounds to plot")
     curves = {}
@@ -212,13 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(fn=cmd_data_fetch)
 
     bench = sub.add_parser("bench", help="run a benchmark preset (methods x seeds) or the speed check")
-    bench.add_argument("preset", help="a preset name (see README), a preset .toml file, 'speed' or 'memory'")
+    bench.add_argument("preset", help="a preset name (see README), a preset .toml file, 'speed', 'memory', "
+                       "'checkpoint' (what a checkpoint costs per round) or 'chaos' (kill -9 and resume soak)")
     bench.add_argument("--out", help="results folder (default results/PRESET)")
     bench.add_argument("--runs-dir", help="where the individual runs go (default runs/bench, shared by all "
                        "presets: a finished run is reused by any preset that has it)")
     bench.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
     bench.add_argument("--rounds", type=int, help="override the rounds of every run")
     bench.add_argument("--repeats", type=int, default=3, help="speed: repetitions (median reported)")
+    bench.add_argument("--kills", type=int, default=20, help="chaos: how many kill -9s (the first --seeds value "
+                       "seeds their moments)")
     bench.add_argument("--device", help="torch device")
     bench.add_argument("--model", help="memory: the backbone (default resnet18)")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -243,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (2 for user errors)."""
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
         return args.fn(args)
     except HetflError as e:
         print(f"hetfl: error: {e}", file=sys.stderr)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HetflError
+from .rundir import check_location
 
 
 def opt(default: Any, help: str, choices: tuple | None = None):
@@ -106,7 +107,9 @@ class Config:
     eval_every: int = opt(1, "evaluate every N rounds (and always after the last)")
     eval_batch_size: int = opt(1000, "evaluation batch size")
     target_accuracy: float = opt(0.0, "report the first round whose headline accuracy reaches this (0 = none)")
-    checkpoint_every: int = opt(5, "checkpoint every N rounds (and always after the last)")
+    checkpoint_every: int = opt(5, "checkpoint every N rounds (and always after the first and the last)")
+    checkpoint_seconds: float = opt(300.0, "also checkpoint after a round once this many seconds passed since the "
+                                    "last checkpoint, so a kill loses at most that much work (0 = by rounds only)")
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:1, ...")
     out: str = opt("runs", "folder where run folders are created")
     name: str = opt("", "run folder name (default: method-dataset-seed-timestamp)")
@@ -194,6 +197,9 @@ class Config:
                      "kd_weight", "kd_ramp_rounds"):
             if getattr(self, name) < 0:
                 raise HetflError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.checkpoint_seconds >= 0:
+            raise HetflError(f"checkpoint_seconds must be >= 0, got {self.checkpoint_seconds}")
+        check_location(self.out, self.name)  # before anything is loaded or created
         if not 0 <= self.target_accuracy <= 1:
             raise HetflError(f"target_accuracy must be a fraction in [0, 1], got {self.target_accuracy}")
         if not self.lr_gamma > 0:

@@ -8,3 +8,10 @@ class HetflError(Exception):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))  # always one line
+
+
+def warn(message: str) -> None:
+    """Returns None; prints ``message`` on one line to stderr as a hetfl warning (the run goes on)."""
+    import sys
+
+    print(f"hetfl: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)

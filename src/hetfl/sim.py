@@ -23,14 +23,18 @@ from .client import ModelCache
 from .config import Config
 from .data import load_dataset, partition, split_train_test
 from .devices import Scenario
-from .errors import HetflError
+from .errors import HetflError, warn
 from .evaluate import evaluate, static_batchnorm
 from .losses import ensemble_logits
 from .methods import build_method
 from .report import headline_accuracy, rounds_to_target
+from .rundir import (append_jsonl, atomic_torch_save, atomic_write_json, create_run_dir, crash_point, lock_run_dir,
+                     read_jsonl, readable_json_file, readable_torch_file, remove_tree, unlock_run_dir,
+                     warn_partial_line, write_jsonl)
 from .seeding import rng_for, torch_generator
 from .slicing import SubModel, extract, state_bytes
 from .train import ClientData, RoundContext
+from .updates import check_update, warn_dropped
 
 
 @dataclass
@@ -46,6 +50,7 @@ class RoundLog:
     seconds: float = 0.0
     eval: dict = field(default_factory=dict)
     local_accuracy: float | None = None  # mean over clients of their level model on their own test split
+    dropped: int = 0  # updates rejected before aggregation (non-finite values, wrong shapes)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -96,39 +101,43 @@ class Simulation:
 
     # ---- run folder -----------------------------------------------------------------------
     def create_run_dir(self) -> Path:
-        """A new run folder holding the resolved config."""
+        """A new run folder holding the resolved config, created whole and locked by this process."""
         cfg = self.cfg
         name = cfg.name or f"{cfg.method}-{cfg.dataset.replace(':', '_').replace('/', '_')}-s{cfg.seed}-" \
                             f"{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
-        run_dir = Path(cfg.out) / name
-        if run_dir.exists():
-            raise HetflError(f"run folder {run_dir} already exists; choose another --name or --resume it")
-        run_dir.mkdir(parents=True)
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-        self.run_dir = run_dir
-        return run_dir
+        self.run_dir = create_run_dir(Path(cfg.out) / name, {"config.json": json.dumps(cfg.to_dict(), indent=2) + "\n"})
+        return self.run_dir
 
     @classmethod
     def resume(cls, run_dir: str | Path) -> Simulation:
         """The simulation of ``run_dir`` restored at its last checkpoint."""
         run_dir = Path(run_dir)
         config_path = run_dir / "config.json"
-        if not config_path.exists():
+        if not run_dir.is_dir() or not config_path.exists():
             raise HetflError(f"{run_dir} is not a hetfl run folder (no config.json)")
+        lock_run_dir(run_dir)  # before anything is read: a live writer would change it underneath
         cfg = Config.load(config_path)
         payload = load_checkpoint(run_dir, cfg)
+        history, partial = read_jsonl(run_dir / "metrics.jsonl")
         sim = cls(cfg)
         sim.run_dir = run_dir
-        expected = set(sim.global_state)
-        if set(payload["global"]) != expected:
-            raise HetflError(f"checkpoint in {run_dir} does not match the model of its config")
-        sim.global_state = {k: v.to(sim.device) for k, v in payload["global"].items()}
-        sim.method.server.state = {k: v.to(sim.device) for k, v in payload["server"].items()}
-        sim.start_round = int(payload["round"])
-        sim.elapsed = float(payload["elapsed"])
-        sim.client_store.restore(payload["client_state_dir"])
-        sim.history = [r for r in _read_jsonl(run_dir / "metrics.jsonl") if r["round"] <= sim.start_round]
-        _write_jsonl(run_dir / "metrics.jsonl", sim.history)
+        if payload is None:  # killed before its first checkpoint: every round is seeded, so start again
+            warn(f"{run_dir} has no checkpoint yet; resuming from round 1")
+            remove_tree(sim.client_store.root)
+        else:
+            expected = set(sim.global_state)
+            if set(payload["global"]) != expected:
+                raise HetflError(f"checkpoint in {run_dir} does not match the model of its config")
+            sim.global_state = {k: v.to(sim.device) for k, v in payload["global"].items()}
+            sim.method.server.state = {k: v.to(sim.device) for k, v in payload["server"].items()}
+            sim.start_round = int(payload["round"])
+            sim.elapsed = float(payload["elapsed"])
+            sim.client_store.restore(payload["client_state_dir"])
+        if partial:
+            warn_partial_line(run_dir / "metrics.jsonl", f"resuming after round {sim.start_round}")
+        sim.history = [r for r in history if r["round"] <= sim.start_round]
+        if partial or len(sim.history) < len(history):  # a finished run's folder stays untouched
+            write_jsonl(run_dir / "metrics.jsonl", sim.history)
         return sim
 
     @property
@@ -159,6 +168,11 @@ class Simulation:
                 ctx = RoundContext(round=round_index, client=client, lr=log.lr, seed=cfg.seed)
                 own = store.load(client, self.device) if store else None
                 update, own = method.client_update(local, spec, data, ctx, own)
+                reason = check_update(update.state, {n: t.shape for n, t in local.items()})
+                if reason is not None:  # one bad client must not poison the global model
+                    log.dropped += 1
+                    warn_dropped(self.run_dir, client, round_index, reason)
+                    continue
                 if store:
                     store.save(client, own)
                 log.clients += 1
@@ -218,6 +232,10 @@ class Simulation:
         cfg = self.cfg
         if self.run_dir is None:
             self.create_run_dir()
+        if self.start_round >= cfg.rounds and self.final_files_ok():
+            unlock_run_dir(self.run_dir)
+            return self.summary()
+        last_checkpoint = time.monotonic()
         bar = tqdm(range(self.start_round + 1, cfg.rounds + 1), initial=self.start_round, total=cfg.rounds,
                    desc=f"{cfg.method}", unit="round", disable=not progress, dynamic_ncols=True)
         for t in bar:
@@ -229,18 +247,34 @@ class Simulation:
             self.elapsed += log.seconds
             record = log.__dict__
             self.history.append(record)
-            _append_jsonl(self.run_dir / "metrics.jsonl", record)
-            if t % cfg.checkpoint_every == 0 or t == cfg.rounds:
+            append_jsonl(self.run_dir / "metrics.jsonl", record)
+            crash_point("round-logged")
+            if self.checkpoint_due(t, time.monotonic() - last_checkpoint):
                 self.save_checkpoint(t)
+                last_checkpoint = time.monotonic()
             bar.set_postfix(_postfix(self.history, self.headline), refresh=False)
             if stop_after is not None and t >= stop_after:
                 bar.close()
                 return {}
         bar.close()
         summary = self.summary()
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        torch.save({k: v.cpu() for k, v in self.global_state.items()}, self.run_dir / "final_model.pt")
+        # the model first: a summary.json means the run is finished, for resume and the bench runner
+        atomic_torch_save({k: v.cpu() for k, v in self.global_state.items()}, self.run_dir / "final_model.pt")
+        atomic_write_json(self.run_dir / "summary.json", summary)
+        unlock_run_dir(self.run_dir)
         return summary
+
+    def checkpoint_due(self, round_index: int, since_last: float) -> bool:
+        """Whether to checkpoint after ``round_index``: every ``checkpoint_every`` rounds, after round 1 and
+        the last, and once ``checkpoint_seconds`` have passed since the last one (0 = no time limit)."""
+        cfg = self.cfg
+        return (round_index % cfg.checkpoint_every == 0 or round_index in (1, cfg.rounds)
+                or 0 < cfg.checkpoint_seconds <= since_last)
+
+    def final_files_ok(self) -> bool:
+        """Whether the run folder holds a readable final_model.pt and summary.json."""
+        run_dir = self.run_dir
+        return readable_torch_file(run_dir / "final_model.pt") and readable_json_file(run_dir / "summary.json")
 
     def save_checkpoint(self, round_index: int) -> None:
         """Checkpoint the state after ``round_index``."""
@@ -281,18 +315,3 @@ def _postfix(history: list[dict], headline) -> dict:
     if evaluated:
         post["acc"] = f"{headline(evaluated[-1]['eval']):.4f}"
     return post
-
-
-def _append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def _write_jsonl(path: Path, records: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(path)

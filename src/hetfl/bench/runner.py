@@ -31,10 +31,12 @@ from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
+from ..checkpoint import has_checkpoint
 from ..config import Config
 from ..errors import HetflError
 from ..plots import plot_curves
 from ..report import bench_report, rounds_to_target
+from ..rundir import RunDirBusy
 from ..sim import Simulation
 
 PRESET_KEYS = {"title", "description", "seeds", "base", "runs", "report", "claims"}
@@ -53,8 +55,9 @@ def load_preset(name_or_path: str) -> tuple[str, dict]:
     elif name_or_path in preset_names():
         text, name = resources.files("hetfl.presets").joinpath(f"{name_or_path}.toml").read_text(), name_or_path
     else:
+        special = ["speed", "memory", "checkpoint", "chaos"]
         raise HetflError(f"bench preset '{name_or_path}' is unknown; choose one of: "
-                         f"{', '.join(preset_names() + ['speed', 'memory'])}, or give a .toml file")
+                         f"{', '.join(preset_names() + special)}, or give a .toml file")
     try:
         preset = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -80,7 +83,9 @@ def _as_list(value) -> list:
     return value if isinstance(value, list) else [value]
 
 
-NOT_THE_RUN = ("out", "name", "target_accuracy")  # where a run is written and what its report looks for
+# where a run is written, what its report looks for, and how often it checkpoints by the clock (which never
+# changes its results, and was added after bench folders were named by these values)
+NOT_THE_RUN = ("out", "name", "target_accuracy", "checkpoint_seconds")
 
 
 def run_values(cfg: Config) -> dict:
@@ -128,9 +133,11 @@ def run_one(cfg: Config, progress: bool) -> dict:
     run_dir = Path(cfg.out) / cfg.name
     if (done := finished_run(Path(cfg.out), cfg)) is not None:
         return done
-    if (run_dir / "checkpoint").exists():
+    if has_checkpoint(run_dir):  # checkpoint.old too: a kill between the renames of a checkpoint leaves only it
         try:
             return Simulation.resume(run_dir).run(progress=progress)
+        except RunDirBusy:
+            raise  # a live process (a `hetfl run --resume`) is writing it: never delete its folder
         except HetflError:
             pass  # a stale or foreign folder: start again below
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import HetflError
+from ..errors import HetflError, warn
 from .idx import check_sha256, find_file, parse_idx, read_bytes
 
 DATASET_NAMES = ("fmnist", "digits", "mnist", "emnist", "cifar10", "cifar100")
@@ -117,7 +117,7 @@ class _IdxFormat:
         data = read_bytes(path)
         if self.sha256:
             check_sha256(path, data, self.sha256[standard_name])
-        return parse_idx(data, path)
+        return parse_idx(data, path, ndim=3 if "images" in standard_name else 1)
 
 
 @dataclass(frozen=True)
@@ -281,15 +281,52 @@ def _build(name: str, arrays: Arrays, num_classes: int | None) -> Dataset:
     if len(x_train) == 0 or x_train.shape[1:] != x_test.shape[1:]:
         raise HetflError(f"{name}: need a non-empty train set and test images of the train images' shape, "
                          f"got train {tuple(x_train.shape)} and test {tuple(x_test.shape)}")
-    top = int(torch.cat([y_train, y_test]).max()) + 1
-    if num_classes is not None and top > num_classes:
-        raise HetflError(f"{name}: labels must be in [0, {num_classes}), got label {top - 1}")
+    for what, x in (("x_train", x_train), ("x_test", x_test)):
+        bad = int((~torch.isfinite(x)).sum())
+        if bad:  # one NaN makes the normalisation, and so every input, NaN: the model silently learns nothing
+            raise HetflError(f"{name} {what} holds {bad} non-finite values (NaN or inf); clean or drop those samples")
+    num_classes = _check_classes(name, y_train, y_test, num_classes)
     mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
     std = x_train.std(dim=(0, 2, 3), keepdim=True)
     std = torch.where(std > 0, std, torch.ones_like(std))  # a constant channel stays constant instead of becoming NaN
     for x in (x_train, x_test):
         x.sub_(mean).div_(std)
-    return Dataset(name, x_train, y_train, x_test, y_test, num_classes or top)
+    return Dataset(name, x_train, y_train, x_test, y_test, num_classes)
+
+
+def _check_classes(name: str, y_train: torch.Tensor, y_test: torch.Tensor, num_classes: int | None) -> int:
+    """The class count (``num_classes``, or max label + 1 when the format does not say), after checking the labels.
+
+    Where the count is inferred, a class index that no sample has means a stray label (an IDX label
+    of 200 among 0..9 would make a 201-class model): an error. A test class that no training sample
+    has cannot be learned: a warning.
+    """
+    top = int(torch.cat([y_train, y_test]).max()) + 1
+    if num_classes is not None and top > num_classes:
+        raise HetflError(f"{name}: labels must be in [0, {num_classes}), got label {top - 1}")
+    count = num_classes or top
+    in_train = torch.bincount(y_train, minlength=count) > 0
+    in_test = torch.bincount(y_test, minlength=count) > 0
+    if num_classes is None and not (in_train | in_test).all():
+        raise HetflError(f"{name}: labels must be the class indices 0..C-1, but classes "
+                         f"{_spans(~(in_train | in_test))} of 0..{top - 1} have no sample; label {top - 1} looks "
+                         "out of range (relabel the classes as 0, 1, 2, ...)")
+    if (in_test & ~in_train).any():
+        warn(f"{name}: test classes {_spans(in_test & ~in_train)} have no training sample; "
+             "no model can learn them")
+    return count
+
+
+def _spans(mask: torch.Tensor) -> str:
+    """The indices where ``mask`` is true, as compact ranges: "3, 10..199"."""
+    spans: list[list[int]] = []
+    for i in mask.nonzero().flatten().tolist():
+        if spans and spans[-1][1] == i - 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    text = [f"{a}..{b}" if b > a else str(a) for a, b in spans[:6]]
+    return ", ".join(text + (["..."] if len(spans) > 6 else []))
 
 
 # ---------------------------------------------------------------- public entry point
