@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hetfl.aggregation import FedAdamServer, FedAvgServer, FedDynServer, MaskedMean
+from hetfl.aggregation import FedAdamServer, FedAvgServer, FedDynServer, MaskedMean, ServerState
 from hetfl.slicing import extract, scatter
 
 t = torch.tensor
@@ -23,13 +23,13 @@ def test_masked_mean_by_hand_unheld_element_keeps_its_value():
     mean, mask = agg.mean()["w"]
     assert mask.tolist() == [True, True, False]
     assert torch.allclose(mean[:2], t([(1 * 1 + 4 * 3) / 4, 2.0]))
-    new = FedAvgServer(lr=1.0).step(g, agg)
+    new = FedAvgServer(lr=1.0).step(ServerState(g), agg).params
     assert new["w"].tolist() == [3.25, 2.0, 10.0]
 
 
 def test_fedavg_server_learning_rate():
     g = {"w": t([10.0, 10.0, 10.0])}
-    new = FedAvgServer(lr=0.5).step(g, two_clients(g))
+    new = FedAvgServer(lr=0.5).step(ServerState(g), two_clients(g)).params
     assert torch.allclose(new["w"], t([10 + 0.5 * (3.25 - 10), 10 + 0.5 * (2 - 10), 10.0]))
 
 
@@ -38,7 +38,7 @@ def test_names_no_client_held_are_unchanged_and_2d_corners():
     agg = MaskedMean(g)
     agg.add({"a": torch.ones(1, 2)}, weight=2.0)
     agg.add({"a": 3 * torch.ones(2, 1)}, weight=2.0)
-    new = FedAvgServer().step(g, agg)
+    new = FedAvgServer().step(ServerState(g), agg).params
     assert new["b"] is g["b"]
     assert new["a"].tolist() == [[2.0, 1.0, 0.0], [3.0, 0.0, 0.0]]
 
@@ -48,19 +48,21 @@ def test_fedadam_one_step_by_hand():
     opt = FedAdamServer(lr=0.1, beta1=0.9, beta2=0.99, tau=1e-3)
     agg = MaskedMean(g)
     agg.add({"w": t([3.0, 0.0])}, weight=1.0)  # pseudo-gradient D = [2, -1], third element unheld
-    new = opt.step(g, agg)
+    state = opt.step(ServerState(g), agg)
+    new = state.params
     m = [0.1 * 2, 0.1 * -1]
     v = [0.01 * 4, 0.01 * 1]
     expected = [1 + 0.1 * m[0] / (v[0] ** 0.5 + 1e-3), 1 + 0.1 * m[1] / (v[1] ** 0.5 + 1e-3), 1.0]
     assert torch.allclose(new["w"], t(expected))
-    assert torch.allclose(opt.state["m/w"], t(m + [0.0]))
-    assert torch.allclose(opt.state["v/w"], t(v + [0.0]))
+    assert torch.allclose(state.opt["m/w"], t(m + [0.0]))
+    assert torch.allclose(state.opt["v/w"], t(v + [0.0]))
     # second round, only the first element held: the second keeps its moments
     agg = MaskedMean(new)
     agg.add({"w": new["w"][:1] + 1.0}, weight=1.0)
-    opt.step(new, agg)
-    assert torch.allclose(opt.state["m/w"], t([0.9 * 0.2 + 0.1 * 1.0, -0.1, 0.0]))
-    assert torch.allclose(opt.state["v/w"], t([0.99 * 0.04 + 0.01 * 1.0, 0.01, 0.0]))
+    again = opt.step(state, agg)
+    assert torch.allclose(again.opt["m/w"], t([0.9 * 0.2 + 0.1 * 1.0, -0.1, 0.0]))
+    assert torch.allclose(again.opt["v/w"], t([0.99 * 0.04 + 0.01 * 1.0, 0.01, 0.0]))
+    assert torch.allclose(state.opt["m/w"], t(m + [0.0]))  # the step returns a new state; the old one is kept
 
 
 def test_feddyn_server_by_hand():
@@ -70,9 +72,10 @@ def test_feddyn_server_by_hand():
     agg = MaskedMean(g)
     agg.add({"w": t([2.0, 3.0])}, weight=1.0)
     agg.add({"w": t([4.0])}, weight=1.0)
-    new = server.step(g, agg)
+    state = server.step(ServerState(g), agg)
+    new = state.params
     h = [-0.1 * 2 / 4 * (3 - 1), -0.1 * 1 / 4 * (3 - 1), 0.0]
-    assert torch.allclose(server.state["h/w"], t(h))
+    assert torch.allclose(state.opt["h/w"], t(h))
     assert torch.allclose(new["w"], t([3 - h[0] / 0.1, 3 - h[1] / 0.1, 1.0]))  # [4, 3.5, 1]
 
 
@@ -103,4 +106,4 @@ def test_single_client_mean_is_its_own_tensor(weight):
     g = {"w": torch.zeros(3)}
     agg = MaskedMean(g)
     agg.add({"w": t([0.3, 0.7, 1.1])}, weight=weight)
-    assert torch.allclose(FedAvgServer().step(g, agg)["w"], t([0.3, 0.7, 1.1]))
+    assert torch.allclose(FedAvgServer().step(ServerState(g), agg).params["w"], t([0.3, 0.7, 1.1]))

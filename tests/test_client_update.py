@@ -8,7 +8,8 @@ from hetfl.losses import exits_ce
 from hetfl.methods.alllarge import AllLarge
 from hetfl.models import ArchSpec, ModelFamily, MultiExitModel
 from hetfl.slicing import SubModel, extract
-from hetfl.train import ClientData, RoundContext
+from hetfl.client import client_update
+from hetfl.train import ClientData
 
 
 def linear_builder(input_shape, num_classes, *, width, depth, norm):
@@ -23,7 +24,13 @@ def make_method(**cfg):
     family = ModelFamily("linear", (3, 1, 1), 2, ArchSpec(2, (0, 1)), linear_builder)
     base = dict(momentum=0.0, weight_decay=0.0, batch_size=100, lr=0.1, num_clients=4, levels=2)
     method = AllLarge(Config(**{**base, **cfg}), family, num_levels=2)
-    return method, method.init_global(seed=0)
+    return method, method.init_state(seed=0).params
+
+
+def train(method, local, spec, d, state=None, round_index=1, client=0):
+    """One client update of ``spec`` from ``local``, through the task the method emits."""
+    task = method.task(method.init_state(0), spec, client, round_index)
+    return client_update(local, task, d, state, models=method.models)
 
 
 def data():
@@ -44,13 +51,12 @@ def test_feddyn_client_step_by_hand_with_depth_changes():
     alpha, lr = 0.5, 0.1
     method, g = make_method(server_opt="feddyn", feddyn_alpha=alpha, lr=lr)
     d = data()
-    ctx = RoundContext(round=1, client=0, lr=lr, seed=0)
 
     # round 1: depth 1, no state yet -> w1 = w0 - lr grad, g_k = -alpha (w1 - w0) on depth-1 names only
     shallow = SubModel(depth=1)
     w0 = extract(g, method.models.shapes(shallow))
     grad = grad_at(method, shallow, w0, d)
-    update, state = method.client_update(w0, shallow, d, ctx, None)
+    update, state = train(method, w0, shallow, d, None)
     for n in w0:
         assert torch.allclose(update.state[n], w0[n] - lr * grad[n], atol=1e-6)
         assert torch.allclose(state[n], -alpha * (update.state[n] - w0[n]), atol=1e-7)
@@ -60,7 +66,7 @@ def test_feddyn_client_step_by_hand_with_depth_changes():
     deep = SubModel(depth=2)
     w0b = extract(g, method.models.shapes(deep))
     grad = grad_at(method, deep, w0b, d)
-    update, state2 = method.client_update(w0b, deep, d, ctx, state)
+    update, state2 = train(method, w0b, deep, d, state)
     for n in w0b:
         gk = state.get(n, torch.zeros_like(w0b[n]))
         expected = w0b[n] - lr * (grad[n] - gk)  # the pull alpha (w - w_global) is 0 at the first step
@@ -68,7 +74,7 @@ def test_feddyn_client_step_by_hand_with_depth_changes():
         assert torch.allclose(state2[n], gk - alpha * (update.state[n] - w0b[n]), atol=1e-6)
 
     # round 3: back to depth 1: the depth-2-only state is carried over untouched
-    _, state3 = method.client_update(w0, shallow, d, ctx, state2)
+    _, state3 = train(method, w0, shallow, d, state2)
     for n in set(state2) - set(w0):
         assert torch.equal(state3[n], state2[n])
 
@@ -81,7 +87,7 @@ def test_feddyn_pull_acts_from_the_second_step():
     spec = SubModel(depth=1)
     w0 = extract(g, method.models.shapes(spec))
     gk = {n: torch.full_like(t, 0.2) for n, t in w0.items()}
-    update, _ = method.client_update(w0, spec, d, RoundContext(1, 0, lr, 0), dict(gk))
+    update, _ = train(method, w0, spec, d, dict(gk))
     replayed = replay_sgd(method, spec, w0, d, lr, lambda n, p: -gk[n] + alpha * (p - w0[n]))
     for n, p in replayed.named_parameters():
         assert torch.allclose(update.state[n], p, atol=1e-6)
@@ -109,7 +115,7 @@ def test_fedprox_pull_by_hand():
     d = data()
     spec = SubModel(depth=2)
     w0 = extract(g, method.models.shapes(spec))
-    update, state = method.client_update(w0, spec, d, RoundContext(1, 0, lr, 0), None)
+    update, state = train(method, w0, spec, d, None)
     assert state is None
     replayed = replay_sgd(method, spec, w0, d, lr, lambda n, p: mu * (p - w0[n]))
     for n, p in replayed.named_parameters():
@@ -122,7 +128,7 @@ def test_train_exits_last_holds_and_trains_only_the_last_exit():
     assert spec.exits == (2,)
     w0 = extract(g, method.models.shapes(spec))
     assert "exits.0.weight" not in w0  # not sent, not trained, not uploaded
-    update, _ = method.client_update(w0, spec, data(), RoundContext(1, 0, 0.1, 0), None)
+    update, _ = train(method, w0, spec, data(), None)
     assert set(update.state) == set(w0)
     assert not torch.equal(update.state["exits.1.weight"], w0["exits.1.weight"])
     assert method.models.module(spec)(data().x)[0].shape == (6, 2)  # one logit tensor: the last exit

@@ -111,21 +111,23 @@ def test_depthfl_client_update_equals_the_written_out_objective():
 
     from hetfl.methods.depthfl import DepthFL
     from hetfl.seeding import torch_generator
-    from hetfl.train import ClientData, RoundContext, batches
+    from hetfl.client import client_update
+    from hetfl.train import ClientData, batches
 
     fam = _linear_family()
     alpha, lr, wd = 0.1, 0.1, 1e-3
     cfg = Config.from_dict({"method": "depthfl", "feddyn_alpha": alpha, "lr": lr, "momentum": 0.0, "weight_decay": wd,
                             "batch_size": 4, "num_clients": 4, "levels": 3, "local_epochs": 2})
     method = DepthFL(cfg, fam, num_levels=3)
-    g = method.init_global(0)
+    server = method.init_state(0)
+    g = server.params
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(10, 3, generator=gen), torch.randint(0, 2, (10,), generator=gen)
     spec = SubModel(depth=2)
     w0 = extract(g, method.models.shapes(spec))
     prev = {n: 0.05 * torch.randn(t.shape, generator=gen) for n, t in g.items()}  # g_k in global shape
-    update, new = method.client_update(w0, spec, ClientData(x, y, torch.arange(10)), RoundContext(5, 0, lr, 0),
-                                       dict(prev))
+    task = method.task(server, spec, client=0, round_index=5)
+    update, new = client_update(w0, task, ClientData(x, y, torch.arange(10)), dict(prev), models=method.models)
 
     model = fam.build(depth=2)
     model.load_state_dict(w0)
@@ -164,13 +166,13 @@ def test_depthfl_server_follows_algorithm_1_over_rounds_with_unheld_blocks():
     cfg = Config.from_dict({"method": "depthfl", "feddyn_alpha": alpha, "num_clients": 4, "levels": 3,
                             "aggregation_weights": "samples"})  # FedDyn averages uniformly whatever this says
     method = DepthFL(cfg, fam, num_levels=3)
-    g = method.init_global(0)
-    ref, h = {k: v.clone() for k, v in g.items()}, {k: torch.zeros_like(v) for k, v in g.items()}
+    g = method.init_state(0)
+    ref, h = {k: v.clone() for k, v in g.params.items()}, {k: torch.zeros_like(v) for k, v in g.params.items()}
     gen = torch.Generator().manual_seed(3)
     for depths in ([1, 2, 2, 3], [1, 1], [1, 2, 2, 3]):
         updates = []
         for client, depth in enumerate(depths):
-            local = extract(g, method.models.shapes(SubModel(depth=depth)))
+            local = extract(g.params, method.models.shapes(SubModel(depth=depth)))
             local = {k: v + torch.randn(v.shape, generator=gen) for k, v in local.items()}
             updates.append(Update(client, SubModel(depth=depth), local, num_samples=10 * (client + 1)))
         g = method.aggregate(g, iter(updates))
@@ -180,7 +182,7 @@ def test_depthfl_server_follows_algorithm_1_over_rounds_with_unheld_blocks():
                 h[k] = h[k] - alpha / cfg.num_clients * sum(t - ref[k] for t in holders)
                 ref[k] = sum(holders) / len(holders) - h[k] / alpha
         for k in ref:
-            assert torch.allclose(g[k], ref[k], atol=1e-5), k
+            assert torch.allclose(g.params[k], ref[k], atol=1e-5), k
 
 
 def test_exclusive_learning_with_feddyn_counts_only_the_eligible_clients():

@@ -1,11 +1,13 @@
 """Width scaling: corner slicing of a conv + BN + linear stack, nested masks, Scaler, static BN, SHeteroFL."""
 
 import torch
+
+from hetfl.client import make_loss
 import torch.nn.functional as F
 from torch import nn
 
-from hetfl.aggregation import FedAvgServer, MaskedMean
-from hetfl.client import attach_scaler
+from hetfl.aggregation import FedAvgServer, MaskedMean, ServerState
+from hetfl.client import attach_scaler, make_loss
 from hetfl.config import Config
 from hetfl.evaluate import static_batchnorm
 from hetfl.methods.heterofl import HeteroFL, SHeteroFL
@@ -31,7 +33,7 @@ def test_nested_masks_three_levels_by_hand():
     agg = MaskedMean(g)
     for side, value in ((1, 1.0), (2, 2.0), (4, 4.0)):
         agg.add({"w": torch.full((side, side), value)}, weight=1.0)
-    new = FedAvgServer().step(g, agg)["w"]
+    new = FedAvgServer().step(ServerState(g), agg).params["w"]
     expected = torch.full((4, 4), 4.0)
     expected[:2, :2] = 3.0
     expected[0, 0] = 7 / 3
@@ -81,7 +83,7 @@ def make(method_cls, **cfg):
     fam = model_family("cnn", (1, 8, 8), 10, width=1 / 16)
     c = Config.from_dict({"method": method_cls.name, **cfg})
     method = method_cls(c, fam, num_levels=4)
-    return method, method.init_global(seed=0)
+    return method, method.init_state(seed=0).params
 
 
 def test_heterofl_plans_widths_per_level_and_evaluates_every_width():
@@ -98,7 +100,7 @@ def test_sheterofl_loss_adds_every_smaller_width_on_shared_slices():
     spec = method.width_spec(0.5)
     model = method.models.loaded(spec, extract(g, method.models.shapes(spec)))
     x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
-    loss = method.loss(spec, 1)(model, x, y)
+    loss = make_loss(method.recipe(spec, 1), method.models)(model, x, y)
     small = method.models.loaded(method.width_spec(0.25), extract(g, method.models.shapes(method.width_spec(0.25))))
     expected = F.cross_entropy(model(x)[0], y) + F.cross_entropy(small(x)[0], y)
     assert torch.allclose(loss, expected, atol=1e-6)

@@ -23,7 +23,7 @@ def make(md_beta=0.0, server_opt="fedavg", **options):
     cfg = Config.from_dict({"method": "inclusivefl", "levels": 3, "md_beta": md_beta, "server_opt": server_opt,
                             "num_clients": 10, **options})
     method = InclusiveFL(cfg, family, num_levels=3)
-    return method, method.init_global(seed=0)
+    return method, method.init_state(seed=0)
 
 
 def update(method, level, value_of):
@@ -34,7 +34,8 @@ def update(method, level, value_of):
 
 
 def test_layout_shared_and_isolated_names():
-    method, g = make()
+    method, state = make()
+    g = state.params
     assert method.level_spec(1).exits == (1,) and method.level_spec(3).exits == (3,)
     assert {"level1/blocks.0.weight", "level1/exits.0.weight", "level2/blocks.1.weight", "level2/exits.1.weight",
             "blocks.0.weight", "blocks.1.weight", "blocks.2.weight", "exits.2.weight"} == set(g)
@@ -47,7 +48,7 @@ def test_two_stage_aggregation_by_hand():
     ups = [update(method, 1, lambda n: 1.0),
            update(method, 2, lambda n: 2.0), update(method, 2, lambda n: 4.0),  # level-2 mean: 3
            update(method, 3, lambda n: 6.0)]
-    new = method.aggregate(g, iter(ups))
+    new = method.aggregate(g, iter(ups)).params
     full = lambda v: torch.full((2, 2), v)
     assert torch.allclose(new["level1/blocks.0.weight"], full(1.0))  # isolated: level 1's own mean
     assert torch.allclose(new["level1/exits.0.weight"], full(1.0))
@@ -59,8 +60,8 @@ def test_two_stage_aggregation_by_hand():
 
 def test_a_level_without_clients_keeps_its_isolated_module():
     method, g = make()
-    new = method.aggregate(g, iter([update(method, 3, lambda n: 5.0)]))
-    assert torch.equal(new["level1/blocks.0.weight"], g["level1/blocks.0.weight"])
+    new = method.aggregate(g, iter([update(method, 3, lambda n: 5.0)])).params
+    assert torch.equal(new["level1/blocks.0.weight"], g.params["level1/blocks.0.weight"])
     assert torch.allclose(new["blocks.0.weight"], torch.full((2, 2), 5.0))
 
 
@@ -71,23 +72,24 @@ def test_momentum_distillation_by_hand():
     """
     beta = 0.5
     method, g = make(md_beta=beta)
-    w = {k: v.clone() for k, v in g.items()}
+    w = {k: v.clone() for k, v in g.params.items()}
     # round 1: only level 2 trains; its block 0 moves by +1, its top block 1 by +3, mixed with m^3 = 0 into
     # 0.5 * 0 + 0.5 * 3 = 1.5 (line 17) -> m^2 = mean(+1, +1.5) = +1.25 (line 22)
     r1 = update(method, 2, lambda n: 0.0)
     r1.state = {n: w[n if n.startswith("blocks.0") else "level2/" + n] + (1.0 if n.startswith("blocks.0") else 3.0)
                 for n in r1.state}
     g1 = method.aggregate(g, iter([r1]))
-    m = method.server.state["md/level2/weight"]
+    m = g1.extra["level2/weight"]  # m^2_1, carried in the server state
     assert torch.allclose(m, torch.full((2, 2), 1.25))
-    assert torch.allclose(g1["level2/blocks.1.weight"], w["level2/blocks.1.weight"] + 1.5)
+    assert torch.allclose(g1.params["level2/blocks.1.weight"], w["level2/blocks.1.weight"] + 1.5)
     # round 2: only level 1 trains, its top block (block 0) moves by +4: mixed update 0.5 * 1.25 + 0.5 * 4
     r2 = update(method, 1, lambda n: 0.0)
-    r2.state = {n: g1["level1/" + n] + 4.0 for n in r2.state}
+    r2.state = {n: g1.params["level1/" + n] + 4.0 for n in r2.state}
     g2 = method.aggregate(g1, iter([r2]))
-    assert torch.allclose(g2["level1/blocks.0.weight"], g1["level1/blocks.0.weight"] + beta * 1.25 + (1 - beta) * 4.0)
-    assert torch.allclose(g2["level1/exits.0.weight"], g1["level1/exits.0.weight"] + 4.0)  # the head is not mixed
-    assert "md/level2/weight" not in method.server.state  # level 2 sat round 2 out: its momentum is zero
+    assert torch.allclose(g2.params["level1/blocks.0.weight"],
+                          g1.params["level1/blocks.0.weight"] + beta * 1.25 + (1 - beta) * 4.0)
+    assert torch.allclose(g2.params["level1/exits.0.weight"], g1.params["level1/exits.0.weight"] + 4.0)  # head unmixed
+    assert "level2/weight" not in g2.extra  # level 2 sat round 2 out: its momentum is zero
 
 
 def test_momentum_distillation_refused_on_unequal_blocks():
@@ -100,8 +102,7 @@ def test_momentum_distillation_refused_on_unequal_blocks():
 
 def test_fedadam_state_is_per_level():
     method, g = make(server_opt="fedadam")
-    method.aggregate(g, iter([update(method, 1, lambda n: 1.0), update(method, 3, lambda n: 1.0)]))
-    keys = set(method.server.state)
+    keys = set(method.aggregate(g, iter([update(method, 1, lambda n: 1.0), update(method, 3, lambda n: 1.0)])).opt)
     assert "m/level1/blocks.0.weight" in keys and "m/level3/blocks.0.weight" in keys
 
 
@@ -125,7 +126,7 @@ def test_inclusivefl_with_momentum_distillation_runs_on_the_vit(tiny_cfg):
     assert sim.method.server.lr == 1e-2  # FedAdam's own eta, not FedAvg's 1 (which diverges)
     summary = sim.run(progress=False)
     assert set(summary["final"]) == {"global", "level1", "level2"}
-    assert any(k.startswith("md/") for k in sim.method.server.state)  # momentum was distilled
+    assert sim.state.extra  # momentum was distilled
     assert summary["accuracy"] > 0.4  # 10 classes: chance is 0.1
 
 
@@ -134,12 +135,12 @@ def test_cross_level_weights_are_clients_or_samples():
     method, g = make()
     ups = [update(method, 2, lambda n: 2.0), update(method, 3, lambda n: 6.0)]
     ups[0].num_samples, ups[1].num_samples = 30, 10
-    new = method.aggregate(g, iter(ups))
+    new = method.aggregate(g, iter(ups)).params
     assert torch.allclose(new["blocks.0.weight"], torch.full((2, 2), (2.0 + 6.0) / 2))  # one client each
     method, g = make(aggregation_weights="samples")
     ups = [update(method, 2, lambda n: 2.0), update(method, 3, lambda n: 6.0)]
     ups[0].num_samples, ups[1].num_samples = 30, 10
-    new = method.aggregate(g, iter(ups))
+    new = method.aggregate(g, iter(ups)).params
     assert torch.allclose(new["blocks.0.weight"], torch.full((2, 2), (30 * 2.0 + 10 * 6.0) / 40))
 
 

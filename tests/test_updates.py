@@ -7,6 +7,7 @@ import json
 
 import torch
 
+import hetfl.sim
 from hetfl.sim import Simulation
 from hetfl.updates import check_update
 
@@ -21,23 +22,23 @@ def test_check_update_reasons():
     assert "'x' was not sent" in check_update({"x": torch.zeros(1)}, shapes)
 
 
-def test_bad_updates_are_dropped_counted_and_warned_once(tiny_cfg, capsys):
+def test_bad_updates_are_dropped_counted_and_warned_once(tiny_cfg, capsys, monkeypatch):
     cfg = tiny_cfg(rounds=2, client_fraction=1.0, name="bad")  # every client takes part in both rounds
     sim = Simulation(cfg)
     nan_client, shape_client = 3, 11
-    honest = sim.method.client_update
+    honest = hetfl.sim.client_update
 
-    def client_update(local, spec, data, ctx, own=None):
-        update, own = honest(local, spec, data, ctx, own)
+    def client_update(local, task, data, own=None, models=None):
+        update, own = honest(local, task, data, own, models)
         state = dict(update.state)
         name = next(n for n, t in state.items() if t.is_floating_point() and t.dim() > 1)
-        if ctx.client == nan_client:
+        if task.client == nan_client:
             state[name] = torch.full_like(state[name], float("nan"))
-        if ctx.client == shape_client:
+        if task.client == shape_client:
             state[name] = state[name][:1]
         return dataclasses.replace(update, state=state), own
 
-    sim.method.client_update = client_update
+    monkeypatch.setattr(hetfl.sim, "client_update", client_update)
     sim.run(progress=False)
     assert all(torch.isfinite(t).all() for t in sim.global_state.values() if t.is_floating_point())
     records = [json.loads(line) for line in (sim.run_dir / "metrics.jsonl").read_text().splitlines()]

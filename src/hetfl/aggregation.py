@@ -46,22 +46,48 @@ class MaskedMean:
         return out
 
 
+@dataclass
+class ServerState:
+    """Everything the server carries between rounds (DESIGN.md, "Data flow"); a checkpoint saves it whole.
+
+    ``params``: the global tensors; ``opt``: the server optimizer's global-shaped state (FedAdam's
+    moments, FedDyn's h) by key; ``extra``: a method's own state (InclusiveFL's momentum).
+    """
+
+    params: State
+    opt: State = field(default_factory=dict)
+    extra: State = field(default_factory=dict)
+
+    def to(self, device) -> ServerState:
+        """A copy with every tensor on ``device``."""
+        move = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
+        return ServerState(move(self.params), move(self.opt), move(self.extra))
+
+    def to_dict(self) -> dict[str, State]:
+        """The three parts as plain dicts of CPU tensors (what a checkpoint stores)."""
+        cpu = self.to("cpu")
+        return {"params": cpu.params, "opt": cpu.opt, "extra": cpu.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, State]) -> ServerState:
+        """The state stored by ``to_dict``."""
+        return cls(dict(d["params"]), dict(d.get("opt", {})), dict(d.get("extra", {})))
+
+
 class ServerOptimizer:
-    """A server optimizer on masks: ``apply`` moves one tensor towards its masked mean."""
+    """A server optimizer on masks: hyper-parameters only; its state travels in ``ServerState.opt``."""
 
-    state: State
-
-    def apply(self, key: str, x: torch.Tensor, mean: torch.Tensor, mask: torch.Tensor,
+    def apply(self, state: State, key: str, x: torch.Tensor, mean: torch.Tensor, mask: torch.Tensor,
               count: torch.Tensor) -> torch.Tensor:
-        """The new value of tensor ``key`` (``count``: weight that held each element)."""
+        """The new value of tensor ``key`` (``count``: weight that held each element); updates ``state`` in place."""
         raise NotImplementedError
 
-    def step(self, global_state: State, agg: MaskedMean) -> State:
-        """The new global state: every touched tensor moved by ``apply``, the others kept."""
-        new = dict(global_state)
+    def step(self, server: ServerState, agg: MaskedMean) -> ServerState:
+        """The new server state: every touched tensor moved by ``apply``, the others kept."""
+        params, opt = dict(server.params), dict(server.opt)
         for key, (mean, mask) in agg.mean().items():
-            new[key] = self.apply(key, global_state[key], mean, mask, agg.weights[key])
-        return new
+            params[key] = self.apply(opt, key, server.params[key], mean, mask, agg.weights[key])
+        return ServerState(params, opt, server.extra)
 
 
 @dataclass
@@ -69,9 +95,8 @@ class FedAvgServer(ServerOptimizer):
     """x <- x + lr * (mean - x) on held elements; lr = 1 is plain FedAvg (McMahan et al., 2017)."""
 
     lr: float = 1.0
-    state: State = field(default_factory=dict)
 
-    def apply(self, key, x, mean, mask, count):
+    def apply(self, state, key, x, mean, mask, count):
         return torch.where(mask, x + self.lr * (mean - x), x)
 
 
@@ -87,15 +112,14 @@ class FedAdamServer(ServerOptimizer):
     beta1: float = 0.9
     beta2: float = 0.99
     tau: float = 1e-3
-    state: State = field(default_factory=dict)
 
-    def apply(self, key, x, mean, mask, count):
+    def apply(self, state, key, x, mean, mask, count):
         delta = mean - x
-        m = self.state.get("m/" + key, torch.zeros_like(x))
-        v = self.state.get("v/" + key, torch.zeros_like(x))
+        m = state.get("m/" + key, torch.zeros_like(x))
+        v = state.get("v/" + key, torch.zeros_like(x))
         m = torch.where(mask, self.beta1 * m + (1 - self.beta1) * delta, m)
         v = torch.where(mask, self.beta2 * v + (1 - self.beta2) * delta * delta, v)
-        self.state["m/" + key], self.state["v/" + key] = m, v
+        state["m/" + key], state["v/" + key] = m, v
         return torch.where(mask, x + self.lr * m / (v.sqrt() + self.tau), x)
 
 
@@ -112,12 +136,11 @@ class FedDynServer(ServerOptimizer):
 
     alpha: float = 0.1
     num_clients: int = 1
-    state: State = field(default_factory=dict)
 
-    def apply(self, key, x, mean, mask, count):
-        h = self.state.get("h/" + key, torch.zeros_like(x))
+    def apply(self, state, key, x, mean, mask, count):
+        h = state.get("h/" + key, torch.zeros_like(x))
         h = h - self.alpha * (count / self.num_clients) * (mean - x)
-        self.state["h/" + key] = h
+        state["h/" + key] = h
         return torch.where(mask, mean - h / self.alpha, x)
 
 

@@ -22,7 +22,7 @@ from .errors import HetflError
 from .rundir import atomic_torch_save, crash_point, readable_torch_file, remove_tree
 from .slicing import State
 
-FORMAT = "hetfl-checkpoint/1"
+FORMAT = "hetfl-checkpoint/2"  # /2: the whole ServerState (params, optimizer state, method state)
 
 
 atomic_save = atomic_torch_save  # torch.save through a temporary file and a rename (nothing half-written)

@@ -1,7 +1,9 @@
-"""Client-side machinery: reusable sub-model objects and the update a client sends back.
+"""The client side: ``client_update`` trains received tensors as a ``Task`` says (DESIGN.md, "Data flow").
 
-Nothing here touches server objects: a client gets tensors, its ``SubModel`` spec, a round
-context and its data, which is what a Flower ClientApp receives too.
+A free function of (local tensors, task, client data, the client's own state): it imports nothing
+from the server side (methods, aggregation, engines), so the simulator and a Flower ClientApp
+call the same code. Here too: reusable sub-model objects, the local losses a task can name, and
+the update a client sends back.
 """
 
 from __future__ import annotations
@@ -11,9 +13,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .models import ModelFamily
+from torch.func import functional_call
+
+from .losses import exits_ce, mutual_kd, weighted_exits_with_last_teacher
+from .models import ModelFamily, model_family
 from .models.base import NoNorm
-from .slicing import State, SubModel
+from .seeding import torch_generator
+from .slicing import State, SubModel, corner
+from .task import TRAINERS, FamilySpec, LossRecipe, Task
+from .train import ClientData, LossFn, local_sgd
 
 
 @dataclass
@@ -84,3 +92,88 @@ class ModelCache:
         module = self.module(spec)
         module.load_state_dict(state, strict=True)
         return module
+
+
+def family_of(spec: FamilySpec) -> ModelFamily:
+    """The model family a task names, rebuilt from the registry."""
+    return model_family(spec.name, spec.input_shape, spec.num_classes, spec.width, spec.norm, spec.exit_after)
+
+
+def describe_family(family: ModelFamily) -> FamilySpec:
+    """The serialisable description of ``family``."""
+    return FamilySpec(family.name, family.input_shape, family.num_classes, family.base_width, family.norm,
+                      family.arch.exit_after)
+
+
+def make_loss(recipe: LossRecipe, models: ModelCache) -> LossFn:
+    """The local loss ``loss(model, x, y)`` a recipe names (task.LOSS_KINDS)."""
+    if recipe.kind == "last_teacher":  # ScaleFL Eq. (5)
+        return lambda model, x, y: weighted_exits_with_last_teacher(model(x), y, recipe.beta, recipe.tau)
+    if recipe.kind == "slimmable":  # SHeteroFL: every smaller width on the leading slices of the same parameters
+        def slimmable(model, x, y):
+            total = exits_ce(model(x), y)
+            params = dict(model.named_parameters())
+            for sub in recipe.smaller:
+                sliced = {n: params[n][corner(s)] for n, s in models.shapes(sub).items()}
+                total = total + exits_ce(functional_call(models.module(sub), sliced, (x,)), y)
+            return total
+
+        return slimmable
+    kd = recipe.kd_weight  # DepthFL Eq. (1): CE over the exits + kd x mutual KD among them
+
+    def loss(model, x, y):
+        logits = model(x)
+        return exits_ce(logits, y) + kd * mutual_kd(logits) if kd else exits_ce(logits, y)
+
+    return loss
+
+
+def client_update(local: State, task: Task, data: ClientData, client_state: State | None = None,
+                  models: ModelCache | None = None) -> tuple[Update, State | None]:
+    """Train the received tensors as ``task`` says; returns the update and the client's new own state.
+
+    ``client_state`` is the client's persistent state in global shape (FedDyn's g_k, zero before
+    its first round; ``task.state_shapes`` gives the global shapes); only the slice of the task's
+    spec is read and updated, so a client whose sub-model changed between rounds keeps the rest
+    untouched (DepthFL Sec. 3.2, Eq. (3)). ``models`` reuses module objects across calls (the
+    simulator); without it the backbone is built from the task.
+    """
+    if task.trainer not in TRAINERS:
+        raise ValueError(f"trainer '{task.trainer}' is unknown; one of {', '.join(TRAINERS)}")
+    spec, opts = task.spec, task.train
+    device = data.x.device
+    models = models or ModelCache(family_of(task.family), device, scaler=task.scaler)
+    model = models.loaded(spec, local)
+    names = [n for n, _ in model.named_parameters()]  # the order local_sgd sees the parameters in
+    anchor = [local[n] for n in names] if opts.prox_mu or opts.feddyn_alpha else None
+    linear = None
+    if opts.feddyn_alpha:
+        client_state = client_state if client_state is not None else {}
+        linear = [_corner_of(client_state, spec.global_name(n), local[n]) for n in names]
+    generator = torch_generator(task.seed, "train", task.round, task.client)
+    loss = local_sgd(model, data, make_loss(task.loss, models), opts, task.lr, generator, anchor, linear)
+    new_local = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    if linear is not None:
+        client_state = _feddyn_client_step(client_state, task, names, local, new_local, linear)
+    return Update(task.client, spec, new_local, len(data), {"train_loss": loss}), client_state
+
+
+def _feddyn_client_step(client_state: State, task: Task, names: list[str], start: State, end: State,
+                        linear: list[torch.Tensor]) -> State:
+    """g_k <- g_k - alpha (w_k - w_global) on this client's slice only (Acar et al., Alg. 1)."""
+    alpha, spec = task.train.feddyn_alpha, task.spec
+    new_state = dict(client_state)
+    for name, g in zip(names, linear):
+        key = spec.global_name(name)
+        full = new_state.get(key)
+        full = torch.zeros(task.state_shapes[key], device=g.device) if full is None else full.clone()
+        full[corner(g.shape)] = g - alpha * (end[name] - start[name])
+        new_state[key] = full
+    return new_state
+
+
+def _corner_of(state: State, key: str, like: torch.Tensor) -> torch.Tensor:
+    """The leading corner of ``state[key]`` shaped like ``like``; zeros when the client has none yet."""
+    if key not in state:
+        return torch.zeros_like(like)
+    return state[key][corner(like.shape)].to(like.device)

@@ -19,7 +19,8 @@ import torch
 from tqdm import tqdm
 
 from .checkpoint import ClientStateStore, load_checkpoint, save_checkpoint
-from .client import ModelCache
+from .aggregation import ServerState
+from .client import ModelCache, client_update
 from .config import Config
 from .data import load_dataset, partition, split_train_test
 from .devices import Scenario
@@ -33,7 +34,7 @@ from .rundir import (append_jsonl, atomic_torch_save, atomic_write_json, create_
                      warn_partial_line, write_jsonl)
 from .seeding import rng_for, torch_generator
 from .slicing import SubModel, extract, state_bytes
-from .train import ClientData, RoundContext
+from .train import ClientData
 from .updates import check_update, warn_dropped
 
 
@@ -88,7 +89,7 @@ class Simulation:
             subset = torch.randperm(len(self.x_train), generator=torch_generator(cfg.seed, "static-bn"))
             self.x_bn = self.x_train[subset[:cfg.static_bn_samples].to(self.device)]
         self.parts = [p.to(self.device) for p in parts]
-        self.global_state = self.method.init_global(cfg.seed)
+        self.state: ServerState = self.method.init_state(cfg.seed)
         self.run_dir: Path | None = None  # created by the first ``run``, not before (no folder on bad input)
         self.start_round = 0
         self.history: list[dict] = []
@@ -125,11 +126,10 @@ class Simulation:
             warn(f"{run_dir} has no checkpoint yet; resuming from round 1")
             remove_tree(sim.client_store.root)
         else:
-            expected = set(sim.global_state)
-            if set(payload["global"]) != expected:
+            state = ServerState.from_dict(payload["state"])
+            if set(state.params) != set(sim.state.params):
                 raise HetflError(f"checkpoint in {run_dir} does not match the model of its config")
-            sim.global_state = {k: v.to(sim.device) for k, v in payload["global"].items()}
-            sim.method.server.state = {k: v.to(sim.device) for k, v in payload["server"].items()}
+            sim.state = state.to(sim.device)
             sim.start_round = int(payload["round"])
             sim.elapsed = float(payload["elapsed"])
             sim.client_store.restore(payload["client_state_dir"])
@@ -139,6 +139,11 @@ class Simulation:
         if partial or len(sim.history) < len(history):  # a finished run's folder stays untouched
             write_jsonl(run_dir / "metrics.jsonl", sim.history)
         return sim
+
+    @property
+    def global_state(self) -> dict[str, torch.Tensor]:
+        """The global tensors (``state.params``)."""
+        return self.state.params
 
     @property
     def client_store(self) -> ClientStateStore:
@@ -156,18 +161,17 @@ class Simulation:
         cfg, method = self.cfg, self.method
         log = RoundLog(round=round_index, lr=cfg.lr_at(round_index))
         losses = []
-        store = self.client_store if cfg.server_opt == "feddyn" else None
+        store = self.client_store if method.stateful_clients else None
 
         def updates():
             for client in self.sample_clients(round_index):
-                spec = method.plan(client, self.scenario.budget(client, round_index), round_index)
-                if spec is None:
+                planned = method.configure(self.state, client, self.scenario.budget(client, round_index), round_index)
+                if planned is None:
                     continue
-                local = extract(self.global_state, method.models.shapes(spec), spec)
+                task, local = planned
                 data = ClientData(self.x_train, self.y_train, self.parts[client])
-                ctx = RoundContext(round=round_index, client=client, lr=log.lr, seed=cfg.seed)
                 own = store.load(client, self.device) if store else None
-                update, own = method.client_update(local, spec, data, ctx, own)
+                update, own = client_update(local, task, data, own, models=method.models)
                 reason = check_update(update.state, {n: t.shape for n, t in local.items()})
                 if reason is not None:  # one bad client must not poison the global model
                     log.dropped += 1
@@ -181,7 +185,7 @@ class Simulation:
                 losses.append(update.metrics["train_loss"])
                 yield update
 
-        self.global_state = method.aggregate(self.global_state, updates())
+        self.state = method.aggregate(self.state, updates())
         log.train_loss = sum(losses) / len(losses) if losses else None
         return log
 
@@ -205,7 +209,7 @@ class Simulation:
                     clients.setdefault(spec, []).append(client)
         out, accuracies = {}, []
         for spec in {**labels, **clients}:
-            model = self.eval_models.loaded(spec, extract(self.global_state, self.eval_models.shapes(spec), spec))
+            model = self.eval_models.loaded(spec, extract(self.state.params, self.eval_models.shapes(spec), spec))
             with self._statistics(model):
                 if spec in labels:
                     result = evaluate(model, self.x_test, self.y_test, self.cfg.eval_batch_size)
@@ -259,7 +263,7 @@ class Simulation:
         bar.close()
         summary = self.summary()
         # the model first: a summary.json means the run is finished, for resume and the bench runner
-        atomic_torch_save({k: v.cpu() for k, v in self.global_state.items()}, self.run_dir / "final_model.pt")
+        atomic_torch_save({k: v.cpu() for k, v in self.state.params.items()}, self.run_dir / "final_model.pt")
         atomic_write_json(self.run_dir / "summary.json", summary)
         unlock_run_dir(self.run_dir)
         return summary
@@ -279,8 +283,7 @@ class Simulation:
     def save_checkpoint(self, round_index: int) -> None:
         """Checkpoint the state after ``round_index``."""
         payload = {"config": self.cfg.to_dict(), "round": round_index, "elapsed": self.elapsed,
-                   "global": {k: v.cpu() for k, v in self.global_state.items()},
-                   "server": {k: v.cpu() for k, v in self.method.server.state.items()}}
+                   "state": self.state.to_dict()}
         save_checkpoint(self.run_dir, payload, self.client_store)
 
     def headline(self, evaluation: dict) -> float:

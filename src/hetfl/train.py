@@ -20,16 +20,6 @@ from .data.augment import augment
 
 
 @dataclass(frozen=True)
-class RoundContext:
-    """What a client is told about the round besides tensors and its spec."""
-
-    round: int
-    client: int
-    lr: float
-    seed: int
-
-
-@dataclass(frozen=True)
 class TrainOptions:
     """Local optimisation settings shared by every client."""
 

@@ -30,7 +30,7 @@ def bare_rounds(sim: Simulation, rounds: int) -> dict[str, torch.Tensor]:
     """FedAvg written as a plain PyTorch loop over the simulator's clients and batches; the final weights."""
     cfg = sim.cfg
     model = sim.method.family.build().to(sim.device)
-    state = {k: v.clone() for k, v in sim.method.init_global(cfg.seed).items()}
+    state = {k: v.clone() for k, v in sim.method.init_state(cfg.seed).params.items()}
     for t in range(1, rounds + 1):
         sums = {k: torch.zeros_like(v) for k, v in state.items()}
         total = 0
@@ -55,7 +55,7 @@ def bare_rounds(sim: Simulation, rounds: int) -> dict[str, torch.Tensor]:
 
 def simulator_rounds(sim: Simulation, rounds: int) -> dict[str, torch.Tensor]:
     """The simulator's own round loop from a fresh global state; the final weights."""
-    sim.global_state = sim.method.init_global(sim.cfg.seed)
+    sim.state = sim.method.init_state(sim.cfg.seed)
     for t in range(1, rounds + 1):
         sim.run_round(t)
     return sim.global_state

@@ -1,12 +1,13 @@
-"""The method interface: plan -> client_update -> aggregate -> evaluate (DESIGN.md, "Data flow").
+"""The server strategy: init_state -> configure (plan + task) -> aggregate -> eval_specs (DESIGN.md, "Data flow").
 
-A method is a strategy whose methods mirror the round. The base class implements the FedAvg
-family on levels: a level-l client gets ``level_spec(l)``, cut from the global model as the
-config's ``scaling`` says (a depth cut, a width ratio, or ScaleFL's 2-D split), trains every exit
-it holds (sum of CEs) or only the last one, and the server folds the updates into an
-element-wise masked mean and applies the configured server optimizer (FedAvg, FedAdam, FedDyn).
-Subclasses override ``plan`` (and, when needed, the loss, the global state layout and
-``eval_specs``); a method that only makes sense for some scalings lists them in ``scalings``.
+A method is the server side of a round; the client side is ``client.client_update``, a free
+function of the task a method emits. The base class implements the FedAvg family on levels: a
+level-l client gets ``level_spec(l)``, cut from the global model as the config's ``scaling`` says
+(a depth cut, a width ratio, or ScaleFL's 2-D split), trains every exit it holds (sum of CEs) or
+only the last one, and the server folds the updates into an element-wise masked mean and applies
+the configured server optimizer (FedAvg, FedAdam, FedDyn) to the explicit ``ServerState``.
+Subclasses override ``plan`` (and, when needed, ``recipe``, the state layout and ``eval_specs``);
+a method that only makes sense for some scalings lists them in ``scalings``.
 """
 
 from __future__ import annotations
@@ -17,16 +18,15 @@ from typing import ClassVar
 
 import torch
 
-from ..aggregation import MaskedMean, make_server_optimizer
-from ..client import ModelCache, Update
+from ..aggregation import MaskedMean, ServerState, make_server_optimizer
+from ..client import ModelCache, Update, describe_family
 from ..devices import Budget, fit_largest, level_budgets
 from ..errors import HetflError
-from ..losses import exits_ce, mutual_kd
 from ..models import ModelFamily
-from ..seeding import torch_generator
-from ..slicing import State, SubModel, corner
+from ..slicing import State, SubModel, extract
 from ..splits import Split, split_search
-from ..train import ClientData, RoundContext, TrainOptions, local_sgd
+from ..task import LossRecipe, Task
+from ..train import TrainOptions
 
 
 class Method:
@@ -36,11 +36,15 @@ class Method:
     summary: ClassVar[str] = ""
     defaults: ClassVar[dict] = {}  # config options this method sets unless the user gives them
     scalings: ClassVar[tuple[str, ...]] = ("depth", "width", "2d")  # how it may cut level sub-models
+    mutual_kd: ClassVar[bool] = False  # whether ``kd_weight`` (DepthFL Eq. (1)'s mutual KD) applies to it
 
     def __init__(self, cfg, family: ModelFamily, num_levels: int, device: torch.device | str = "cpu"):
         if cfg.scaling not in self.scalings:
             raise HetflError(f"method '{self.name}' cuts its sub-models by {' or '.join(self.scalings)}, not by "
                              f"scaling '{cfg.scaling}'; drop --scaling")
+        if cfg.kd_weight and not self.mutual_kd:
+            raise HetflError(f"kd_weight is DepthFL's mutual self-distillation (Eq. (1)); method '{self.name}' does "
+                             f"not use it (got {cfg.kd_weight}); drop --kd-weight")
         self.cfg = cfg
         self.splits: list[Split] | None = None
         if cfg.scaling == "2d":  # Eq. (1) per level, then an exit after every level's cut (ScaleFL Alg. 1)
@@ -58,9 +62,10 @@ class Method:
             raise HetflError(f"levels {num_levels} is beyond the depth of model '{family.name}' ({choices} sub-models "
                              f"for method '{self.name}' with {cfg.scaling} scaling); use at most {choices} levels")
         self.models = ModelCache(family, device, scaler=cfg.scaler)
+        self.family_spec = describe_family(family)  # what a task tells the client to build
         self.server = make_server_optimizer(
             cfg.server_opt, lr=cfg.server_lr, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2,
-            tau=cfg.adam_tau, feddyn_alpha=cfg.feddyn_alpha, num_clients=cfg.num_clients)
+            tau=cfg.adam_tau, feddyn_alpha=cfg.feddyn_alpha, num_clients=self.federation_size())
         self.train_options = TrainOptions(
             epochs=cfg.local_epochs, batch_size=cfg.batch_size, momentum=cfg.momentum,
             weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad, crop_padding=cfg.crop_padding,
@@ -133,21 +138,25 @@ class Method:
         return self.spec(self.family.arch.num_blocks)
 
     # ---- server side ----------------------------------------------------------------------
-    def init_global(self, seed: int) -> State:
-        """The initial global state: the full model with every exit, seeded."""
-        return self._bind(self.initial_state(SubModel(depth=self.family.arch.num_blocks), seed))
+    def federation_size(self) -> int:
+        """N of FedDyn's server update: the clients that can ever take part (all of them by default)."""
+        return self.cfg.num_clients
 
-    def initial_state(self, spec: SubModel, seed: int) -> State:
+    @property
+    def stateful_clients(self) -> bool:
+        """Whether clients keep persistent state between rounds (FedDyn's g_k)."""
+        return self.cfg.server_opt == "feddyn"
+
+    def init_state(self, seed: int) -> ServerState:
+        """The initial server state: the full model with every exit, seeded; no optimizer state yet."""
+        return ServerState(self.initial_params(SubModel(depth=self.family.arch.num_blocks), seed))
+
+    def initial_params(self, spec: SubModel, seed: int) -> State:
         """Freshly initialised tensors of ``spec``'s model (seeded), under their global names."""
         model = self.family.build(depth=spec.depth, width=spec.width, seed=seed)
         if spec.exits is not None:
             model.keep_exits(spec.exits)
         return {spec.global_name(n): t.detach().to(self.device) for n, t in model.state_dict().items()}
-
-    def _bind(self, global_state: State) -> State:
-        """Remember the global shapes (client state is kept in global shape) and return the state."""
-        self.global_shapes = {n: t.shape for n, t in global_state.items()}
-        return global_state
 
     def plan(self, client: int, budget: Budget, round_index: int) -> SubModel | None:
         """The sub-model ``client`` trains this round, or None if it sits the round out."""
@@ -159,14 +168,38 @@ class Method:
             return 1.0
         return float(update.num_samples)
 
-    def aggregate(self, global_state: State, updates: Iterable[Update]) -> State:
+    def configure(self, state: ServerState, client: int, budget: Budget, round_index: int
+                  ) -> tuple[Task, State] | None:
+        """The task and local tensors of ``client`` this round, or None if it sits the round out."""
+        spec = self.plan(client, budget, round_index)
+        if spec is None:
+            return None
+        return self.task(state, spec, client, round_index), extract(state.params, self.models.shapes(spec), spec)
+
+    def task(self, state: ServerState, spec: SubModel, client: int, round_index: int) -> Task:
+        """The task of training ``spec`` at ``client`` this round: the recipe, and the global shapes of the
+        client's state tensors when its clients keep state."""
+        state_shapes = None
+        if self.stateful_clients:
+            keys = [spec.global_name(n) for n in self.models.shapes(spec)]
+            state_shapes = {k: tuple(state.params[k].shape) for k in keys}
+        return Task(spec=spec, family=self.family_spec, loss=self.recipe(spec, round_index),
+                    train=self.train_options, lr=self.cfg.lr_at(round_index), round=round_index, client=client,
+                    seed=self.cfg.seed, scaler=self.cfg.scaler, state_shapes=state_shapes)
+
+    def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
+        """The local loss of ``spec``'s model: CE over the exits it holds (all of its depth, or only the last
+        one with ``train_exits=last``), plus DepthFL Eq. (1)'s mutual KD for methods that use it."""
+        return LossRecipe("exits_ce", kd_weight=self.cfg.kd_weight_at(round_index) if self.mutual_kd else 0.0)
+
+    def aggregate(self, state: ServerState, updates: Iterable[Update]) -> ServerState:
         """Fold updates into a masked mean as they arrive, then take a server-optimizer step."""
-        agg = MaskedMean(global_state)
+        agg = MaskedMean(state.params)
         for update in updates:
             agg.add(update.state, self.aggregate_weight(update), update.spec)
         if agg.num_updates == 0:
-            return global_state
-        return self.server.step(global_state, agg)
+            return state
+        return self.server.step(state, agg)
 
     def eval_specs(self) -> dict[str, SubModel]:
         """Sub-models to evaluate, by label; "global" is the headline model."""
@@ -177,62 +210,3 @@ class Method:
         specs = {"global": self.level_spec(self.num_levels)}
         specs.update({f"level{l}": self.level_spec(l) for l in range(1, self.num_levels)})
         return specs
-
-    # ---- client side ----------------------------------------------------------------------
-    def loss(self, spec: SubModel, round_index: int):
-        """The local loss of ``spec``'s model (DepthFL Eq. (1)): CE over its exits + w * mutual KD.
-
-        The sub-model holds the exits it trains (all of its depth, or only the last one with
-        ``train_exits=last``); the KD term, weighted by ``kd_weight`` (ramped over rounds), runs
-        among them.
-        """
-        kd = self.cfg.kd_weight_at(round_index)
-
-        def loss(model, x, y):
-            logits = model(x)
-            return exits_ce(logits, y) + kd * mutual_kd(logits) if kd else exits_ce(logits, y)
-
-        return loss
-
-    def client_update(self, local: State, spec: SubModel, data: ClientData, ctx: RoundContext,
-                      client_state: State | None = None) -> tuple[Update, State | None]:
-        """Train the received tensors locally; returns the update and the client's new own state.
-
-        ``client_state`` is the client's persistent state in global shape (FedDyn's g_k, zero
-        before its first round); only the slice of ``spec`` is read and updated, so a client
-        whose level changed between rounds keeps the rest untouched (DepthFL Sec. 3.2, Eq. (3)).
-        """
-        model = self.models.loaded(spec, local)
-        names = [n for n, _ in model.named_parameters()]  # the order local_sgd sees the parameters in
-        opts = self.train_options
-        anchor = [local[n] for n in names] if opts.prox_mu or opts.feddyn_alpha else None
-        linear = None
-        if opts.feddyn_alpha:
-            client_state = client_state if client_state is not None else {}
-            linear = [_corner_of(client_state, spec.global_name(n), local[n]) for n in names]
-        generator = torch_generator(ctx.seed, "train", ctx.round, ctx.client)
-        loss = local_sgd(model, data, self.loss(spec, ctx.round), opts, ctx.lr, generator, anchor, linear)
-        new_local = {n: t.detach().clone() for n, t in model.state_dict().items()}
-        if linear is not None:
-            client_state = self._feddyn_client_step(client_state, spec, names, local, new_local, linear)
-        return Update(ctx.client, spec, new_local, len(data), {"train_loss": loss}), client_state
-
-    def _feddyn_client_step(self, client_state: State, spec: SubModel, names: list[str], start: State,
-                            end: State, linear: list[torch.Tensor]) -> State:
-        """g_k <- g_k - alpha (w_k - w_global) on this client's slice only (Acar et al., Alg. 1)."""
-        alpha = self.train_options.feddyn_alpha
-        new_state = dict(client_state)
-        for name, g in zip(names, linear):
-            key = spec.global_name(name)
-            full = new_state.get(key)
-            full = torch.zeros(self.global_shapes[key], device=g.device) if full is None else full.clone()
-            full[corner(g.shape)] = g - alpha * (end[name] - start[name])
-            new_state[key] = full
-        return new_state
-
-
-def _corner_of(state: State, key: str, like: torch.Tensor) -> torch.Tensor:
-    """The leading corner of ``state[key]`` shaped like ``like``; zeros when the client has none yet."""
-    if key not in state:
-        return torch.zeros_like(like)
-    return state[key][corner(like.shape)].to(like.device)

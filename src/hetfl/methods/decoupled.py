@@ -6,7 +6,8 @@ therefore averages each level's model over its own clients only.
 
 from dataclasses import replace
 
-from ..slicing import State, SubModel
+from ..aggregation import ServerState
+from ..slicing import SubModel
 from .base import Method
 
 
@@ -18,12 +19,12 @@ class Decoupled(Method):
         """Level ``level``'s own model."""
         return replace(super().level_spec(level), group=f"level{level}/")
 
-    def init_global(self, seed: int) -> State:
+    def init_state(self, seed: int) -> ServerState:
         """One seeded model per level, under its group prefix."""
-        state = {}
+        params = {}
         for level in range(1, self.num_levels + 1):
-            state.update(self.initial_state(self.level_spec(level), seed + level))
-        return self._bind(state)
+            params.update(self.initial_params(self.level_spec(level), seed + level))
+        return ServerState(params)
 
     def plan(self, client, budget, round_index) -> SubModel:
         """The model of the client's own level."""

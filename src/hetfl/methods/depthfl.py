@@ -7,9 +7,9 @@ Algorithm 1 as hetfl runs it:
 * Eq. (1) - local objective: sum_i CE_i + 1/(d_k - 1) sum_i sum_{j!=i} KL(p_j || p_i), teachers
   detached, T = 1; the weight can be ramped by ``kd_ramp_rounds`` (Table 13: a 300-round
   consistency ramp over 1000 rounds; off by default, since over a few dozen rounds such a ramp
-  leaves KD all but off)                                                   -> ``Method.loss``
+  leaves KD all but off)                                                   -> ``recipe``
 * Eq. (2), (3) - FedDyn penalty with grad L_k(theta_k) kept in global shape; only its [:d_k]
-  slice is used and updated                                                -> ``Method.client_update``
+  slice is used and updated                                                -> ``client.client_update``
 * server - h and theta per element, averaged over the clients that hold it
   (|P_t^{d_k >= d_i}| of Alg. 1), uniform weights                         -> ``FedDynServer``
 * inference - the ensemble of all classifiers (Sec. 4)                     -> ``inference``
@@ -31,6 +31,7 @@ class DepthFL(Method):
     name = "depthfl"
     summary = "depth-scaled sub-models with an exit per block, mutual self-distillation and FedDyn"
     scalings = ("depth",)
+    mutual_kd = True
     # Alg. 1 averages every block uniformly over the clients holding it (1/|P_t^{d_k >= d_i}|)
     defaults = {"server_opt": "feddyn", "kd_weight": 1.0, "inference": "ensemble", "aggregation_weights": "uniform"}
 

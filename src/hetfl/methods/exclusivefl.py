@@ -17,10 +17,11 @@ class ExclusiveFL(Method):
     name = "exclusivefl"
     summary = "only clients that can afford the global level's model train it; the rest are left out"
 
-    def __init__(self, cfg, family, num_levels, device="cpu"):
-        super().__init__(cfg, family, num_levels, device)
-        if hasattr(self.server, "num_clients"):  # FedDyn's N: the clients that can take part
-            self.server.num_clients = self.eligible_clients()
+    mutual_kd = True  # trained like the method it is compared with (DepthFL Table 2)
+
+    def federation_size(self) -> int:
+        """FedDyn's N: the clients that can take part."""
+        return self.eligible_clients()
 
     def eligible_clients(self) -> int:
         """Clients whose level affords the global level's model (every round the same number)."""

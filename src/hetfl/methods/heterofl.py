@@ -15,10 +15,8 @@ parameters (so their gradients land on the shared channels).
 
 from __future__ import annotations
 
-from torch.func import functional_call
-
-from ..losses import exits_ce
-from ..slicing import SubModel, corner
+from ..slicing import SubModel
+from ..task import LossRecipe
 from .base import Method
 
 
@@ -47,17 +45,7 @@ class SHeteroFL(HeteroFL):
     name = "sheterofl"
     summary = "HeteroFL where each client also trains every smaller width it can afford (DepthFL Table 3)"
 
-    def loss(self, spec: SubModel, round_index: int):
+    def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
         """CE of the client's width plus the CE of every smaller level width, on shared leading slices."""
-        smaller = [self.width_spec(w) for w in self.cfg.level_widths if w < spec.width]
-
-        def loss(model, x, y):
-            total = exits_ce(model(x), y)
-            params = dict(model.named_parameters())
-            for sub in smaller:
-                module = self.models.module(sub)
-                sliced = {n: params[n][corner(s)] for n, s in self.models.shapes(sub).items()}
-                total = total + exits_ce(functional_call(module, sliced, (x,)), y)
-            return total
-
-        return loss
+        return LossRecipe("slimmable", smaller=tuple(self.width_spec(w) for w in self.cfg.level_widths
+                                                     if w < spec.width))

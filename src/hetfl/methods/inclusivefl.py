@@ -34,7 +34,7 @@ from dataclasses import replace
 
 import torch
 
-from ..aggregation import MaskedMean
+from ..aggregation import MaskedMean, ServerState
 from ..client import Update
 from ..errors import HetflError
 from ..slicing import State, SubModel, corner, extract
@@ -90,9 +90,9 @@ class InclusiveFL(Method):
         shared = ("stem.",) + tuple(f"blocks.{b}." for b in range(spec.depth - 1))
         return replace(spec, group=f"level{level}/", shared=shared)
 
-    def init_global(self, seed: int) -> State:
-        """theta^c_0 and every f^j_0 copied from the same initial model (Alg. 1 lines 1-3)."""
-        full = super().init_global(seed)
+    def init_state(self, seed: int) -> ServerState:
+        """theta^c_0 and every f^j_0 copied from the same initial model (Alg. 1 lines 1-3); m_0 = 0 (no momentum)."""
+        full = super().init_state(seed).params
         state = {n: full[n] for n in self.models.shapes(self.level_spec(self.num_levels))}  # theta^c o f^c
         for level in range(1, self.num_levels):
             spec = self.level_spec(level)
@@ -100,7 +100,7 @@ class InclusiveFL(Method):
                 key = spec.global_name(name)
                 if key != name:
                     state[key] = full[name][corner(shape)].clone()
-        return self._bind(state)
+        return ServerState(state)
 
     def plan(self, client, budget, round_index) -> SubModel:
         """The sub-global model of the client's level."""
@@ -110,8 +110,9 @@ class InclusiveFL(Method):
         return self.level_eval_specs()
 
     # ---- server ---------------------------------------------------------------------------
-    def aggregate(self, global_state: State, updates: Iterable[Update]) -> State:
-        """Algorithm 1, lines 8-29."""
+    def aggregate(self, server: ServerState, updates: Iterable[Update]) -> ServerState:
+        """Algorithm 1, lines 8-29; ``server.extra`` holds m^j_{t-1} by "level{j}/{block-parameter suffix}"."""
+        global_state, opt = server.params, dict(server.opt)
         groups: dict[int, tuple[SubModel, State, MaskedMean]] = {}
         counts: dict[int, float] = {}
         for update in updates:
@@ -123,7 +124,6 @@ class InclusiveFL(Method):
             groups[level][2].add(update.state, weight)
             counts[level] = counts.get(level, 0) + weight  # n_j: clients (uniform) or samples
         beta = self.cfg.md_beta
-        momentum = {k: v for k, v in self.server.state.items() if k.startswith("md/")}
         new_momentum: State = {}
         sub_global: dict[int, tuple[SubModel, State, int]] = {}
         for level in sorted(groups):
@@ -131,20 +131,18 @@ class InclusiveFL(Method):
             g = {name: mean - w[name] for name, (mean, _) in agg.mean().items()}  # line 14
             top = spec.depth - 1
             if beta > 0 and level < self.num_levels:  # lines 15-18, m = 0 where level + 1 has none yet
-                m = self._momentum_of(momentum, level + 1)
+                m = self._momentum_of(server.extra, level + 1)
                 prefix = f"blocks.{top}."
                 for name in [n for n in g if n.startswith(prefix)]:
                     g[name] = beta * m.get(name[len(prefix):], 0.0) + (1 - beta) * g[name]
-            new_w = {name: self.server.apply(f"level{level}/{name}", w[name], w[name] + g[name],
+            new_w = {name: self.server.apply(opt, f"level{level}/{name}", w[name], w[name] + g[name],
                                              torch.ones_like(w[name], dtype=torch.bool), None)
                      for name in w}  # line 19
             if beta > 0 and level > 1:  # lines 20-22
                 lower = self.depth_for_level(level - 1)
                 new_momentum.update(self._mean_block_update(g, range(lower - 1, top + 1), level))
             sub_global[level] = (spec, new_w, counts[level])
-        self.server.state = {k: v for k, v in self.server.state.items() if not k.startswith("md/")}
-        self.server.state.update(new_momentum)
-        return self._heterogeneous_aggregation(global_state, sub_global)
+        return ServerState(self._heterogeneous_aggregation(global_state, sub_global), opt, new_momentum)
 
     def _level_of(self, spec: SubModel) -> int:
         return int(spec.group[5:-1]) if spec.group else self.num_levels
@@ -152,7 +150,7 @@ class InclusiveFL(Method):
     @staticmethod
     def _momentum_of(momentum: State, level: int) -> State:
         """m^level_{t-1} per block-parameter suffix (empty when that level had no client)."""
-        prefix = f"md/level{level}/"
+        prefix = f"level{level}/"
         return {k[len(prefix):]: v for k, v in momentum.items() if k.startswith(prefix)}
 
     @staticmethod
@@ -163,7 +161,7 @@ class InclusiveFL(Method):
             m = BLOCK.match(name)
             if m and int(m.group(1)) in blocks:
                 sums[m.group(2)] = sums.get(m.group(2), 0) + delta
-        return {f"md/level{level}/{suffix}": total / len(blocks) for suffix, total in sums.items()}
+        return {f"level{level}/{suffix}": total / len(blocks) for suffix, total in sums.items()}
 
     def _heterogeneous_aggregation(self, global_state: State,
                                    sub_global: dict[int, tuple[SubModel, State, int]]) -> State:

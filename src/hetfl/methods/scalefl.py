@@ -8,7 +8,7 @@
 * Exit heads of the CIFAR ResNets are ScaleFL's (3 x conv-BN-ReLU, pool, linear); the CNN keeps
   its pool + linear exits.
 * Eq. (5) - local loss: exits weighted by index, KD from the local model's last exit (tau, beta),
-  the teacher detached (``losses.weighted_exits_with_last_teacher``).
+  the teacher detached (``recipe``: ``losses.weighted_exits_with_last_teacher``).
 * Eq. (2) - aggregation: every element averaged over the clients holding it, unweighted.
 * Evaluation: "global" (the full model's exits), every level's model, and with
   ``client_test_fraction`` > 0 "local" accuracy (each client's level model on its own test split).
@@ -16,8 +16,8 @@
 
 from __future__ import annotations
 
-from ..losses import weighted_exits_with_last_teacher
 from ..slicing import SubModel
+from ..task import LossRecipe
 from .base import Method
 
 
@@ -31,10 +31,9 @@ class ScaleFL(Method):
         """The split of the client's level."""
         return self.level_spec(budget.level)
 
-    def loss(self, spec: SubModel, round_index: int):
+    def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
         """Eq. (5): exits weighted by index, the last exit teaching the earlier ones."""
-        beta, tau = self.cfg.scalefl_beta, self.cfg.kd_temperature
-        return lambda model, x, y: weighted_exits_with_last_teacher(model(x), y, beta, tau)
+        return LossRecipe("last_teacher", beta=self.cfg.scalefl_beta, tau=self.cfg.kd_temperature)
 
     def eval_specs(self):
         return self.level_eval_specs()

@@ -1,0 +1,83 @@
+"""What the server tells one client for one round: a ``Task`` (DESIGN.md, "Data flow").
+
+A task is the sub-model spec plus a recipe: which backbone to build, the loss and its weights at
+this round, the optimizer settings and learning rate at this round, the trainer kind and the
+seeds. It is plain data that round-trips through JSON, so the client side (``client.client_update``)
+needs nothing from the server side: no method object, no split search, no server optimizer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from .slicing import SubModel
+from .train import TrainOptions
+
+TRAINERS = ("sgd",)
+# exits_ce: sum of CE over the held exits (+ kd_weight x DepthFL Eq. (1)'s mutual KD);
+# last_teacher: ScaleFL Eq. (5); slimmable: CE of the own width + every width in ``smaller`` (SHeteroFL)
+LOSS_KINDS = ("exits_ce", "last_teacher", "slimmable")
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """The backbone to build: a registered model family bound to a dataset's shapes, with its exits."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    width: float = 1.0
+    norm: str = "bn"
+    exit_after: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class LossRecipe:
+    """The local loss: its kind (``LOSS_KINDS``) and its weights at this round."""
+
+    kind: str = "exits_ce"
+    kd_weight: float = 0.0  # exits_ce: weight of the mutual KD among exits (DepthFL Eq. (1))
+    beta: float = 0.0  # last_teacher: KD weight beta (ScaleFL Eq. (5))
+    tau: float = 1.0  # last_teacher: temperature tau
+    smaller: tuple[SubModel, ...] = ()  # slimmable: the smaller-width sub-models trained on shared slices
+
+    def __post_init__(self):
+        if self.kind not in LOSS_KINDS:
+            raise ValueError(f"loss kind '{self.kind}' is unknown; one of {', '.join(LOSS_KINDS)}")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One client's work for one round; ``to_json``/``from_json`` carry it between processes."""
+
+    spec: SubModel
+    family: FamilySpec
+    loss: LossRecipe
+    train: TrainOptions
+    lr: float
+    round: int
+    client: int
+    seed: int
+    trainer: str = "sgd"
+    scaler: bool = False  # HeteroFL's Scaler on sub-models narrower than the global model
+    # global shapes of the client's persistent state tensors (FedDyn's g_k), by global name; None: no state
+    state_shapes: dict[str, tuple[int, ...]] | None = field(default=None, compare=False)
+
+    def to_json(self) -> str:
+        """The task as a JSON string."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Task:
+        """The task serialised by ``to_json``."""
+        d = json.loads(text)
+        loss = dict(d["loss"])
+        loss["smaller"] = tuple(SubModel.from_dict(s) for s in loss["smaller"])
+        family = dict(d["family"])
+        family["input_shape"], family["exit_after"] = tuple(family["input_shape"]), tuple(family["exit_after"])
+        shapes = d.get("state_shapes")
+        return cls(spec=SubModel.from_dict(d["spec"]), family=FamilySpec(**family), loss=LossRecipe(**loss),
+                   train=TrainOptions(**d["train"]), lr=d["lr"], round=d["round"], client=d["client"],
+                   seed=d["seed"], trainer=d["trainer"], scaler=d["scaler"],
+                   state_shapes=None if shapes is None else {k: tuple(v) for k, v in shapes.items()})
