@@ -64,6 +64,13 @@ class Scenario:
         self.counts = level_counts(num_clients, proportions)
         self.seed = seed
         self._fixed = self._assign(rng_for(seed, "levels"))
+        self.level_budgets: list[Budget] | None = None  # physical budget of each level, when known
+
+    def use_budgets(self, level_budgets: list[Budget]) -> None:
+        """Give every level-l device the physical budget ``level_budgets[l - 1]`` (training memory, MACs)."""
+        if len(level_budgets) != self.num_levels:
+            raise HetflError(f"{len(level_budgets)} budgets for {self.num_levels} levels; give one per level")
+        self.level_budgets = list(level_budgets)
 
     def _assign(self, rng: np.random.Generator) -> np.ndarray:
         levels = np.repeat(np.arange(1, self.num_levels + 1), self.counts)
@@ -78,8 +85,9 @@ class Scenario:
         return self._fixed
 
     def budget(self, client: int, round_index: int) -> Budget:
-        """The budget of ``client`` at ``round_index``."""
-        return Budget(level=int(self.levels(round_index)[client]))
+        """The budget of ``client`` at ``round_index``: its level, and its level's physical limits when known."""
+        level = int(self.levels(round_index)[client])
+        return self.level_budgets[level - 1] if self.level_budgets else Budget(level=level)
 
 
 BUDGET_UNITS = ("level", "memory", "macs")

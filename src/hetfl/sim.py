@@ -80,6 +80,8 @@ class Simulation:
             self.client_test_parts = [p.to(self.device) for p in test_parts]
         self.scenario = Scenario(cfg.scenario, cfg.num_clients, cfg.level_proportions, cfg.seed)
         self.method = build_method(cfg, dataset.input_shape, dataset.num_classes, self.device, who=self._who)
+        if self.method.level_budgets is not None:  # devices carry physical budgets; methods fit into them
+            self.scenario.use_budgets(self.method.level_budgets)
         self.eval_models = ModelCache(self.method.family, self.device)  # no training-only hooks (Scaler)
         self.dataset = dataset
         self.x_train, self.y_train = dataset.x_train.to(self.device), dataset.y_train.to(self.device)

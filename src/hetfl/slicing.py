@@ -26,6 +26,7 @@ class SubModel:
     exits: tuple[int, ...] | None = None  # 1-based exits the sub-model holds (and trains); None = all of its depth
     group: str = ""  # prefix of this sub-model's own names in the global state ("" = the one shared model)
     shared: tuple[str, ...] = ()  # name prefixes that stay unprefixed: shared with every group
+    level: int = 0  # the device level whose own model this is, for methods that keep one per level (0 = none)
 
     def global_name(self, name: str) -> str:
         """The global-state name of this sub-model's local tensor ``name``."""
@@ -42,7 +43,7 @@ class SubModel:
         """The spec serialised by ``to_dict``."""
         exits = d.get("exits")
         return cls(int(d["depth"]), float(d.get("width", 1.0)), None if exits is None else tuple(exits),
-                   d.get("group", ""), tuple(d.get("shared", ())))
+                   d.get("group", ""), tuple(d.get("shared", ())), int(d.get("level", 0)))
 
 
 def corner(shape: torch.Size | tuple[int, ...]) -> tuple[slice, ...]:

@@ -20,6 +20,7 @@ import torch
 
 from ..aggregation import MaskedMean, ServerState, make_server_optimizer
 from ..client import ModelCache, Update, describe_family
+from ..costs import measure
 from ..devices import Budget, fit_largest, level_budgets
 from ..errors import HetflError
 from ..models import ModelFamily
@@ -55,8 +56,9 @@ class Method:
         self.num_levels = num_levels
         self.device = torch.device(device)
         self.level_budgets: list[Budget] | None = None  # physical budgets per level, or None: levels are indices
-        self.cost = None
+        self.cost = lambda spec: measure(self.family, spec, batch_size=cfg.batch_size)  # noqa: E731
         self._level_table: list[SubModel] | None = None
+        self._fitted: dict[Budget, SubModel] = {}
         choices = len(self.candidates())
         if num_levels > choices:
             raise HetflError(f"levels {num_levels} is beyond the depth of model '{family.name}' ({choices} sub-models "
@@ -90,18 +92,15 @@ class Method:
     def use_budgets(self, level_budgets: list[Budget], cost) -> None:
         """Fit sub-models to physical budgets (one per level) with ``cost(spec)`` instead of level indices."""
         self.level_budgets, self.cost = level_budgets, cost
-        self._level_table = None
+        self._level_table, self._fitted = None, {}
 
     def fit_budgets(self, who=None) -> None:
         """Level l's budget = ratio_l x the full model's measured cost (config ``budget``); every level must fit.
 
         ``who(level)`` names the devices of a level in the error (default "level l").
         """
-        from ..costs import measure
-
-        cost = lambda spec: measure(self.family, spec, batch_size=self.cfg.batch_size)  # noqa: E731
-        full = cost(self.candidates()[-1])
-        self.use_budgets(level_budgets(self.cfg.budget, self.cfg.level_budget_ratios, full), cost)
+        full = self.cost(self.candidates()[-1])
+        self.use_budgets(level_budgets(self.cfg.budget, self.cfg.level_budget_ratios, full), self.cost)
         for level in range(1, self.num_levels + 1):
             try:
                 self.level_spec(level)
@@ -123,6 +122,15 @@ class Method:
             else:
                 self._level_table = [fit_largest(candidates, b, self.cost) for b in self.level_budgets]
         return self._level_table[level - 1]
+
+    def fit(self, budget: Budget) -> SubModel:
+        """The sub-model a device with ``budget`` trains this round: the largest candidate within its physical
+        limits (training memory, MACs per sample) when it has any, else its level's (``level_spec``)."""
+        if budget.memory_bytes is None and budget.macs_per_sample is None:
+            return self.level_spec(budget.level)
+        if budget not in self._fitted:
+            self._fitted[budget] = fit_largest(self.candidates(), budget, self.cost)
+        return self._fitted[budget]
 
     def depth_for_level(self, level: int) -> int:
         """Blocks a level-``level`` device trains."""

@@ -17,7 +17,7 @@ class Decoupled(Method):
 
     def level_spec(self, level: int) -> SubModel:
         """Level ``level``'s own model."""
-        return replace(super().level_spec(level), group=f"level{level}/")
+        return replace(super().level_spec(level), group=f"level{level}/", level=level)
 
     def init_state(self, seed: int) -> ServerState:
         """One seeded model per level, under its group prefix."""

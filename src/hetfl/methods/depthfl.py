@@ -36,8 +36,8 @@ class DepthFL(Method):
     defaults = {"server_opt": "feddyn", "kd_weight": 1.0, "inference": "ensemble", "aggregation_weights": "uniform"}
 
     def plan(self, client, budget, round_index) -> SubModel:
-        """The first d_k blocks and their exits, d_k given by the client's level this round."""
-        return self.level_spec(budget.level)
+        """The first d_k blocks and their exits, d_k the deepest cut the client's budget affords this round."""
+        return self.fit(budget)
 
 
 class DepthFLFedAvg(DepthFL):

@@ -33,7 +33,7 @@ class HeteroFL(Method):
 
     def plan(self, client, budget, round_index) -> SubModel:
         """The width of the client's level (or the widest its budget fits)."""
-        return self.level_spec(budget.level)
+        return self.fit(budget)
 
     def eval_specs(self):
         specs = {"global": self.width_spec(1.0)}

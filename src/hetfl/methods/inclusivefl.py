@@ -88,7 +88,7 @@ class InclusiveFL(Method):
         if level == self.num_levels:
             return spec  # theta^c and f^c: all under the shared names
         shared = ("stem.",) + tuple(f"blocks.{b}." for b in range(spec.depth - 1))
-        return replace(spec, group=f"level{level}/", shared=shared)
+        return replace(spec, group=f"level{level}/", shared=shared, level=level)
 
     def init_state(self, seed: int) -> ServerState:
         """theta^c_0 and every f^j_0 copied from the same initial model (Alg. 1 lines 1-3); m_0 = 0 (no momentum)."""
@@ -145,7 +145,7 @@ class InclusiveFL(Method):
         return ServerState(self._heterogeneous_aggregation(global_state, sub_global), opt, new_momentum)
 
     def _level_of(self, spec: SubModel) -> int:
-        return int(spec.group[5:-1]) if spec.group else self.num_levels
+        return spec.level or self.num_levels
 
     @staticmethod
     def _momentum_of(momentum: State, level: int) -> State:

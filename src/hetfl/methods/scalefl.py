@@ -28,8 +28,8 @@ class ScaleFL(Method):
     scalings = ("2d",)
 
     def plan(self, client, budget, round_index) -> SubModel:
-        """The split of the client's level."""
-        return self.level_spec(budget.level)
+        """The largest level split the client's budget affords (its level's split)."""
+        return self.fit(budget)
 
     def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
         """Eq. (5): exits weighted by index, the last exit teaching the earlier ones."""

@@ -9,16 +9,9 @@ from functools import partial
 import torch
 
 from ..errors import HetflError
-from .base import ArchSpec, MultiExitModel
-from .cifar_resnet import CHANNELS as CIFAR_CHANNELS
-from .cifar_resnet import build_cifar_resnet
-from .base import scaled
-from .convnet import CHANNELS, build_convnet
-from .resnet import CHANNELS as RESNET_CHANNELS
-from .resnet import STAGES, build_resnet
-from .vit import DEPTH as VIT_DEPTH
-from .vit import HEADS as VIT_HEADS
-from .vit import build_vit
+from . import cifar_resnet, convnet, resnet, vit  # noqa: F401  (each registers its families)
+from .base import ArchSpec, MultiExitModel, scaled
+from .registry import FAMILIES, FamilyEntry, register_family
 
 
 @dataclass(frozen=True)
@@ -62,10 +55,8 @@ class ModelFamily:
         return model_family(self.name, self.input_shape, self.num_classes, self.base_width, self.norm, exit_after)
 
 
-MODEL_NAMES = ("cnn", "resnet18", "resnet34", "resnet110", "preresnet20", "vit")
+MODEL_NAMES = tuple(FAMILIES)
 NORMS = ("bn", "none")
-# CIFAR ResNets: (blocks per stage, pre-activation, default exits = the end of each stage)
-CIFAR_RESNETS = {"resnet110": (18, False, (17, 35, 53)), "preresnet20": (3, True, (2, 5, 8))}
 
 
 def model_family(name: str, input_shape: tuple[int, int, int], num_classes: int,
@@ -75,27 +66,17 @@ def model_family(name: str, input_shape: tuple[int, int, int], num_classes: int,
     ``exit_after`` places the exits (0-based blocks, the last block included) where a method asks;
     by default the CNN and the ViT have an exit after every block, the ResNets after every stage.
     """
-    if name == "cnn":
-        num_blocks, default_exits, channels = len(CHANNELS), tuple(range(len(CHANNELS))), CHANNELS
-        builder = build_convnet
-    elif name == "vit":
-        num_blocks, default_exits, channels = VIT_DEPTH, tuple(range(VIT_DEPTH)), (VIT_HEADS,)
-        builder = build_vit
-    elif name in STAGES:
-        num_blocks, default_exits, channels = 4, (0, 1, 2, 3), RESNET_CHANNELS
-        builder = partial(build_resnet, name=name)
-    elif name in CIFAR_RESNETS:
-        per_stage, preact, default_exits = CIFAR_RESNETS[name]
-        num_blocks, channels = 3 * per_stage, CIFAR_CHANNELS
-        builder = partial(build_cifar_resnet, blocks_per_stage=per_stage, preact=preact)
-    else:
-        raise HetflError(f"model '{name}' is unknown; choose one of: {', '.join(MODEL_NAMES)}")
-    exits = tuple(default_exits if exit_after is None else exit_after)
+    if name not in FAMILIES:
+        raise HetflError(f"model '{name}' is unknown; choose one of: {', '.join(FAMILIES)}")
+    entry = FAMILIES[name]
+    num_blocks = entry.num_blocks
+    exits = tuple(entry.default_exits if exit_after is None else exit_after)
     if not exits or list(exits) != sorted(set(exits)) or exits[-1] != num_blocks - 1 or exits[0] < 0:
         raise HetflError(f"exits of {name} must be increasing blocks in 0..{num_blocks - 1} ending with the "
                          f"last block {num_blocks - 1}, got {list(exits)}")
     return ModelFamily(name, tuple(input_shape), num_classes, ArchSpec(num_blocks, exits),
-                       partial(builder, exit_after=exits), width, norm, channels)
+                       partial(entry.builder, exit_after=exits), width, norm, entry.channels)
 
 
-__all__ = ["ArchSpec", "ModelFamily", "MultiExitModel", "MODEL_NAMES", "NORMS", "model_family"]
+__all__ = ["ArchSpec", "FAMILIES", "FamilyEntry", "ModelFamily", "MultiExitModel", "MODEL_NAMES", "NORMS",
+           "model_family", "register_family"]

@@ -14,9 +14,12 @@ Every block is one unit of the depth cut; exits sit after the blocks in ``exit_a
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import nn
 
 from .base import MultiExitModel, norm2d, scaled
+from .registry import FamilyEntry, register_family
 
 
 def shortcut(in_ch: int, out_ch: int, stride: int, norm: str) -> nn.Module:
@@ -101,3 +104,10 @@ def build_cifar_resnet(input_shape, num_classes, *, width, depth, norm, blocks_p
     exits = [pool_exit(scaled(layout[b][0], width), num_classes, norm, preact) if preact or b == last
              else conv_exit(scaled(layout[b][0], width), num_classes, norm) for b in kept]
     return MultiExitModel(stem, blocks, exits, kept)
+
+
+# (blocks per stage, pre-activation, default exits = the end of each stage)
+for _name, (_per_stage, _preact, _exits) in {"resnet110": (18, False, (17, 35, 53)),
+                                             "preresnet20": (3, True, (2, 5, 8))}.items():
+    register_family(_name, FamilyEntry(3 * _per_stage, _exits, CHANNELS,
+                                       partial(build_cifar_resnet, blocks_per_stage=_per_stage, preact=_preact)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from torch import nn
 
 from .base import MultiExitModel, norm2d, scaled
+from .registry import FamilyEntry, register_family
 
 CHANNELS = (64, 128, 256, 512)
 
@@ -53,3 +54,6 @@ def build_convnet(
         in_ch = channels[i]
     kept = tuple(b for b in exit_after if b < depth)
     return MultiExitModel(nn.Identity(), blocks, [pool_linear_exit(channels[b], num_classes) for b in kept], kept)
+
+
+register_family("cnn", FamilyEntry(len(CHANNELS), tuple(range(len(CHANNELS))), CHANNELS, build_convnet))

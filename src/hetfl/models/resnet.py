@@ -16,10 +16,13 @@ CIFAR-100 hold 479,652 / 1,347,336 / 3,838,316 / 12,283,344 parameters, Table 1'
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch.nn.functional as F
 from torch import nn
 
 from .base import MultiExitModel, norm2d, scaled
+from .registry import FamilyEntry, register_family
 from .cifar_resnet import BasicBlock
 
 STAGES = {"resnet18": (2, 2, 2, 2), "resnet34": (3, 4, 6, 3)}
@@ -80,3 +83,7 @@ def build_resnet(input_shape, num_classes, *, width, depth, norm, name: str = "r
         else:
             exits.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels[-1], num_classes)))
     return MultiExitModel(stem, blocks, exits, tuple(b for b in exit_after if b < depth))
+
+
+for _name in STAGES:
+    register_family(_name, FamilyEntry(4, (0, 1, 2, 3), CHANNELS, partial(build_resnet, name=_name)))

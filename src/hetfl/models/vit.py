@@ -20,6 +20,7 @@ from torch import nn
 
 from ..errors import HetflError
 from .base import MultiExitModel, scaled
+from .registry import FamilyEntry, register_family
 
 DIM, DEPTH, HEADS, GRID, MIN_PATCH, MLP_RATIO = 64, 6, 4, 4, 4, 2
 
@@ -85,3 +86,6 @@ def build_vit(input_shape, num_classes, *, width, depth, norm, exit_after: tuple
     blocks = [Block(d, kept_heads, mlp_ratio) for _ in range(depth)]
     kept = tuple(b for b in exit_after if b < depth)
     return MultiExitModel(stem, blocks, [ClsExit(d, num_classes) for _ in kept], kept)
+
+
+register_family("vit", FamilyEntry(DEPTH, tuple(range(DEPTH)), (HEADS,), build_vit))
