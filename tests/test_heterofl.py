@@ -1,8 +1,6 @@
 """Width scaling: corner slicing of a conv + BN + linear stack, nested masks, Scaler, static BN, SHeteroFL."""
 
 import torch
-
-from hetfl.client import make_loss
 import torch.nn.functional as F
 from torch import nn
 

@@ -12,7 +12,6 @@ import shutil
 import statistics
 import time
 from datetime import datetime
-from pathlib import Path
 
 from ..config import Config
 from ..rundir import unlock_run_dir
