@@ -25,9 +25,6 @@ from .slicing import State
 FORMAT = "hetfl-checkpoint/2"  # /2: the whole ServerState (params, optimizer state, method state)
 
 
-atomic_save = atomic_torch_save  # torch.save through a temporary file and a rename (nothing half-written)
-
-
 class ClientStateStore:
     """Each client's persistent state (global-shaped tensors) in its own file, loaded on demand."""
 
@@ -45,7 +42,7 @@ class ClientStateStore:
     def save(self, client: int, state: State) -> None:
         """Replace the client's state file."""
         self.root.mkdir(parents=True, exist_ok=True)
-        atomic_save({k: v.cpu() for k, v in state.items()}, self._path(client))
+        atomic_torch_save({k: v.cpu() for k, v in state.items()}, self._path(client))
 
     def snapshot(self, dest: Path) -> None:
         """Hard-link every state file into ``dest`` (a copy where links are impossible)."""

@@ -47,13 +47,18 @@ def crash_point(name: str) -> None:
 
 
 # ---- atomic writes ------------------------------------------------------------------------
-def atomic_write_text(path: Path, text: str) -> None:
-    """Returns None; writes ``text`` to ``path`` through a temporary file and a rename."""
+def _write_then_rename(path: Path, write) -> None:
+    """Returns None; ``write(tmp)`` to a temporary file next to ``path``, then renames it onto ``path``."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    write(tmp)
     crash_point(f"write:{path.name}")
     os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Returns None; writes ``text`` to ``path`` through a temporary file and a rename."""
+    _write_then_rename(path, lambda tmp: tmp.write_text(text))
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -63,11 +68,7 @@ def atomic_write_json(path: Path, obj) -> None:
 
 def atomic_torch_save(obj, path: Path) -> None:
     """Returns None; ``torch.save``s ``obj`` to ``path`` through a temporary file and a rename."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    crash_point(f"write:{path.name}")
-    os.replace(tmp, path)
+    _write_then_rename(path, lambda tmp: torch.save(obj, tmp))
 
 
 def readable_torch_file(path: Path) -> bool:

@@ -174,7 +174,7 @@ class Simulation:
                 data = ClientData(self.x_train, self.y_train, self.parts[client])
                 own = store.load(client, self.device) if store else None
                 update, own = client_update(local, task, data, own, models=method.models)
-                reason = check_update(update.state, {n: t.shape for n, t in local.items()})
+                reason = check_update(update.state, method.models.shapes(task.spec))
                 if reason is not None:  # one bad client must not poison the global model
                     log.dropped += 1
                     warn_dropped(self.run_dir, client, round_index, reason)

@@ -22,8 +22,10 @@ def check_update(state: State, expected_shapes: dict[str, torch.Size]) -> str | 
             return f"'{name}' is a {type(tensor).__name__}, not a tensor"
         if tuple(tensor.shape) != tuple(expected_shapes[name]):
             return f"tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(expected_shapes[name])}"
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            return f"tensor '{name}' holds non-finite values (NaN or inf)"
+    floats = {n: t for n, t in state.items() if t.is_floating_point()}
+    if floats and not bool(torch.stack([torch.isfinite(t).all() for t in floats.values()]).all()):  # one sync
+        name = next(n for n, t in floats.items() if not bool(torch.isfinite(t).all()))
+        return f"tensor '{name}' holds non-finite values (NaN or inf)"
     return None
 
 

@@ -120,7 +120,7 @@ class Method:
                 self._level_table = [candidates[math.ceil(l * len(candidates) / self.num_levels) - 1]
                                      for l in range(1, self.num_levels + 1)]
             else:
-                self._level_table = [fit_largest(candidates, b, self.cost) for b in self.level_budgets]
+                self._level_table = [self.fit(b) for b in self.level_budgets]
         return self._level_table[level - 1]
 
     def fit(self, budget: Budget) -> SubModel:
