@@ -65,9 +65,13 @@ def run_case(case: str, seed: int, out: str) -> dict:
 
 
 def machine() -> dict:
-    """What bit-identity depends on: the torch build and the CPU kernels it picks."""
+    """What bit-identity depends on: the torch build, the CPU kernels it picks and the CPU's instruction-set
+    flags (two AVX512 CPUs with different extensions, e.g. VNNI or AMX, get different oneDNN kernels)."""
+    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("flags")), []) if Path("/proc/cpuinfo").exists() else []
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(),
+            "cpu_flags": hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12]}
 
 
 if __name__ == "__main__":
