@@ -2,7 +2,7 @@
 
 import pytest
 
-from hetfl.config import Config
+from hetfl.methods import config_from
 
 
 @pytest.fixture
@@ -12,6 +12,6 @@ def tiny_cfg(tmp_path):
     def make(**changes):
         base = dict(dataset="digits", model_width=0.25, num_clients=20, client_fraction=0.25, rounds=3,
                     batch_size=16, lr=0.05, out=str(tmp_path / "runs"), checkpoint_every=1)
-        return Config.from_dict({**base, **changes})  # the method's defaults apply to options not given
+        return config_from({**base, **changes})  # the method's defaults apply to options not given
 
     return make

@@ -54,10 +54,10 @@ def weights_sha256(state: dict[str, torch.Tensor]) -> str:
 
 def run_case(case: str, seed: int, out: str) -> dict:
     """The recorded outcome of one golden run: per-round metrics and the final weights' hash."""
-    from hetfl.config import Config
+    from hetfl.methods import config_from
     from hetfl.sim import Simulation
 
-    cfg = Config.from_dict({**BASE, **CASES[case], "seed": seed, "out": out, "name": f"{case}-s{seed}"})
+    cfg = config_from({**BASE, **CASES[case], "seed": seed, "out": out, "name": f"{case}-s{seed}"})
     summary = Simulation(cfg).run(progress=False)
     rounds = [json.loads(line) for line in Path(summary["run_dir"], "metrics.jsonl").read_text().splitlines()]
     final = torch.load(Path(summary["run_dir"], "final_model.pt"), weights_only=True)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import pytest
 
 from hetfl.config import Config
+from hetfl.methods import config_from
 from hetfl.devices import Budget, fit_largest, level_budgets
 from hetfl.errors import HetflError
 from hetfl.methods.depthfl import DepthFL
@@ -34,7 +35,7 @@ def test_level_budgets_scale_the_full_cost():
 
 def test_depthfl_fits_the_deepest_cut_within_each_budget():
     fam = model_family("cnn", (1, 28, 28), 10)
-    method = DepthFL(Config.from_dict({"method": "depthfl"}), fam, num_levels=4)
+    method = DepthFL(config_from({"method": "depthfl"}), fam, num_levels=4)
     full = fake_cost(method.candidates()[-1])  # depth 4, width 1: 64 units
     method.use_budgets(level_budgets("macs", [0.3, 0.5, 0.8, 1.0], full), fake_cost)
     # budgets 0.3/0.5/0.8/1 of 6400 MACs; depth d costs 1600 d -> depths 1, 2, 3, 4
@@ -45,7 +46,7 @@ def test_depthfl_fits_the_deepest_cut_within_each_budget():
 
 def test_heterofl_fits_the_widest_width():
     fam = model_family("cnn", (1, 28, 28), 10)
-    method = HeteroFL(Config.from_dict({"method": "heterofl"}), fam, num_levels=4)
+    method = HeteroFL(config_from({"method": "heterofl"}), fam, num_levels=4)
     full = fake_cost(method.candidates()[-1])
     method.use_budgets(level_budgets("memory", [0.1, 0.3, 0.6, 1.0], full), fake_cost)
     # width w costs 4 * round(16 w^2) units of 64: 0.25 -> 1/16, 0.5 -> 1/4, 0.75 -> 9/16, 1 -> 1
@@ -54,7 +55,7 @@ def test_heterofl_fits_the_widest_width():
 
 def test_budget_below_the_smallest_sub_model_is_an_error():
     fam = model_family("cnn", (1, 28, 28), 10)
-    method = DepthFL(Config.from_dict({"method": "depthfl"}), fam, num_levels=4)
+    method = DepthFL(config_from({"method": "depthfl"}), fam, num_levels=4)
     with pytest.raises(HetflError, match="smaller than the smallest sub-model \\(depth 1, width 1"):
         fit_largest(method.candidates(), Budget(1, memory_bytes=10), fake_cost)
 

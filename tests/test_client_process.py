@@ -13,7 +13,9 @@ from hetfl.sim import Simulation
 from hetfl.task import Task
 from hetfl.train import ClientData
 
-SERVER_SIDE = ("hetfl.methods", "hetfl.aggregation", "hetfl.sim", "hetfl.splits", "hetfl.bench")
+# the server side, and what a client on a device has no use for (the dataset registry, the experiment config)
+SERVER_SIDE = ("hetfl.methods", "hetfl.aggregation", "hetfl.sim", "hetfl.splits", "hetfl.bench", "hetfl.data",
+               "hetfl.config", "hetfl.devices", "hetfl.costs")
 
 CLIENT = r"""
 import json, sys

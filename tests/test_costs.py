@@ -1,6 +1,5 @@
 """The cost model: counts worked by hand on small layers, and measured memory that behaves."""
 
-import pytest
 import torch
 from torch import nn
 

@@ -22,6 +22,7 @@ import torch
 
 from hetfl.cli import main
 from hetfl.config import Config
+from hetfl.methods import config_from
 from hetfl.sim import Simulation
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -33,7 +34,7 @@ def small_cfg(out: Path, **changes) -> Config:
     """DepthFL (FedDyn client state on disk) on digits, a few seconds per run; checkpoints after rounds 1, 2, 4, 6."""
     base = dict(method="depthfl", dataset="digits", model_width=0.25, num_clients=20, client_fraction=0.25,
                 rounds=ROUNDS, batch_size=16, checkpoint_every=2, out=str(out))
-    return Config.from_dict({**base, **changes})
+    return config_from({**base, **changes})
 
 
 def flags(cfg: Config) -> list[str]:

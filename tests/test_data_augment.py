@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hetfl.data import augment
+from hetfl.augment import augment
 from hetfl.errors import HetflError
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from hetfl.aggregation import MaskedMean
-from hetfl.config import Config
+from hetfl.methods import config_from
+from hetfl.methods.options import MutualKD
 from hetfl.losses import mutual_kd
 from hetfl.models import model_family
 from hetfl.slicing import SubModel, extract
@@ -41,10 +42,10 @@ def test_mutual_kd_is_zero_for_one_exit_and_for_equal_exits():
 
 
 def test_kd_ramp_follows_the_authors_consistency_rampup():
-    cfg = Config(kd_weight=2.0, kd_ramp_rounds=300)
-    assert cfg.kd_weight_at(150) == pytest.approx(2.0 * math.exp(-5 * 0.5 ** 2))
-    assert cfg.kd_weight_at(300) == cfg.kd_weight_at(1000) == 2.0
-    assert Config(kd_weight=0.7).kd_weight_at(1) == 0.7
+    kd = MutualKD(kd_weight=2.0, kd_ramp_rounds=300)
+    assert kd.kd_weight_at(150) == pytest.approx(2.0 * math.exp(-5 * 0.5 ** 2))
+    assert kd.kd_weight_at(300) == kd.kd_weight_at(1000) == 2.0
+    assert MutualKD(kd_weight=0.7).kd_weight_at(1) == 0.7
 
 
 def test_per_depth_averaging_counts():
@@ -63,27 +64,27 @@ def test_per_depth_averaging_counts():
 
 
 def test_method_defaults_apply_only_when_not_given():
-    c = Config.from_dict({"method": "depthfl"})
-    assert (c.server_opt, c.kd_weight) == ("feddyn", 1.0)
-    c = Config.from_dict({"method": "depthfl", "kd_weight": 0.0})
-    assert (c.server_opt, c.kd_weight) == ("feddyn", 0.0)
-    c = Config.from_dict({"method": "depthfl-fedavg"})
-    assert (c.server_opt, c.kd_weight) == ("fedavg", 0.0)
-    assert Config.from_dict({"method": "alllarge"}).kd_weight == 0.0
+    c = config_from({"method": "depthfl"})
+    assert (c.server_opt, c.method_options["kd_weight"]) == ("feddyn", 1.0)
+    c = config_from({"method": "depthfl", "kd_weight": 0.0})
+    assert (c.server_opt, c.method_options["kd_weight"]) == ("feddyn", 0.0)
+    c = config_from({"method": "depthfl-fedavg"})
+    assert (c.server_opt, c.method_options["kd_weight"]) == ("fedavg", 0.0)
+    assert config_from({"method": "alllarge"}).method_options == {}  # no mutual KD to set
 
 
 def test_negative_kd_weight_is_refused():
     from hetfl.errors import HetflError
 
     with pytest.raises(HetflError, match="kd_weight must be >= 0"):
-        Config(kd_weight=-0.1).validate()
+        config_from({"method": "depthfl", "kd_weight": -0.1})
 
 
 def test_depthfl_trains_digits_and_reports_the_ensemble(tiny_cfg):
     from hetfl.sim import Simulation
 
     cfg = tiny_cfg(method="depthfl", rounds=6, client_fraction=0.5, model_width=0.5)
-    assert (cfg.server_opt, cfg.kd_weight) == ("feddyn", 1.0)
+    assert (cfg.server_opt, cfg.method_options["kd_weight"]) == ("feddyn", 1.0)
     summary = Simulation(cfg).run(progress=False)
     assert summary["headline"] == "ensemble"
     assert summary["accuracy"] == summary["final"]["global"]["ensemble"] > 0.5
@@ -116,7 +117,7 @@ def test_depthfl_client_update_equals_the_written_out_objective():
 
     fam = _linear_family()
     alpha, lr, wd = 0.1, 0.1, 1e-3
-    cfg = Config.from_dict({"method": "depthfl", "feddyn_alpha": alpha, "lr": lr, "momentum": 0.0, "weight_decay": wd,
+    cfg = config_from({"method": "depthfl", "feddyn_alpha": alpha, "lr": lr, "momentum": 0.0, "weight_decay": wd,
                             "batch_size": 4, "num_clients": 4, "levels": 3, "local_epochs": 2})
     method = DepthFL(cfg, fam, num_levels=3)
     server = method.init_state(0)
@@ -163,7 +164,7 @@ def test_depthfl_server_follows_algorithm_1_over_rounds_with_unheld_blocks():
 
     fam = _linear_family()
     alpha = 0.1
-    cfg = Config.from_dict({"method": "depthfl", "feddyn_alpha": alpha, "num_clients": 4, "levels": 3,
+    cfg = config_from({"method": "depthfl", "feddyn_alpha": alpha, "num_clients": 4, "levels": 3,
                             "aggregation_weights": "samples"})  # FedDyn averages uniformly whatever this says
     method = DepthFL(cfg, fam, num_levels=3)
     g = method.init_state(0)
@@ -190,10 +191,10 @@ def test_exclusive_learning_with_feddyn_counts_only_the_eligible_clients():
 
     fam = model_family("cnn", (1, 28, 28), 10, width=0.125)
     for level, eligible in ((1, 100), (2, 75), (4, 25)):
-        cfg = Config.from_dict({"method": "exclusivefl", "global_level": level, "server_opt": "feddyn",
+        cfg = config_from({"method": "exclusivefl", "global_level": level, "server_opt": "feddyn",
                                 "kd_weight": 1.0, "inference": "ensemble"})
         method = ExclusiveFL(cfg, fam, num_levels=4)
         assert method.server.num_clients == eligible
         assert method.inference == "ensemble"
-    maximum = Config.from_dict({"method": "exclusivefl", "global_level": 4, "server_opt": "feddyn", "scenario": "maximum"})
+    maximum = config_from({"method": "exclusivefl", "global_level": 4, "server_opt": "feddyn", "scenario": "maximum"})
     assert ExclusiveFL(maximum, fam, num_levels=4).server.num_clients == 100

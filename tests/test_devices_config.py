@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hetfl.config import Config
+from hetfl.methods import config_from
 from hetfl.devices import Scenario, level_counts
 from hetfl.errors import HetflError
 
@@ -48,10 +49,10 @@ def test_lr_schedules_by_hand():
 
 
 def test_flags_are_coerced_and_checked():
-    c = Config.from_dict({"proportions": "1,2,7", "levels": "3", "flip": "true", "rounds": "4"}).validate()
+    c = config_from({"proportions": "1,2,7", "levels": "3", "flip": "true", "rounds": "4"}).validate()
     assert c.proportions == [1.0, 2.0, 7.0] and c.levels == 3 and c.flip is True and c.rounds == 4
     with pytest.raises(HetflError, match="rounds must be of type int"):
-        Config.from_dict({"rounds": "many"})
+        config_from({"rounds": "many"})
 
 
 def test_batches_cover_every_sample_once_and_never_end_with_a_single_sample():

@@ -6,11 +6,11 @@ from torch import nn
 
 from hetfl.aggregation import FedAvgServer, MaskedMean, ServerState
 from hetfl.client import attach_scaler, make_loss
-from hetfl.config import Config
+from hetfl.methods import config_from
 from hetfl.evaluate import static_batchnorm
 from hetfl.methods.heterofl import HeteroFL, SHeteroFL
 from hetfl.models import model_family
-from hetfl.slicing import SubModel, extract
+from hetfl.slicing import extract
 
 
 def test_width_extract_slices_channels_but_not_image_channels_or_classes():
@@ -79,7 +79,7 @@ def test_static_bn_uses_statistics_of_the_given_data():
 
 def make(method_cls, **cfg):
     fam = model_family("cnn", (1, 8, 8), 10, width=1 / 16)
-    c = Config.from_dict({"method": method_cls.name, **cfg})
+    c = config_from({"method": method_cls.name, **cfg})
     method = method_cls(c, fam, num_levels=4)
     return method, method.init_state(seed=0).params
 

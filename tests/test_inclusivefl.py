@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from hetfl.client import Update
-from hetfl.config import Config
+from hetfl.methods import config_from
 from hetfl.errors import HetflError
 from hetfl.methods.inclusivefl import InclusiveFL, InclusiveFLWithoutMD
 from hetfl.models import ArchSpec, ModelFamily, MultiExitModel, model_family
@@ -20,7 +20,7 @@ def linear_builder(input_shape, num_classes, *, width, depth, norm):
 
 def make(md_beta=0.0, server_opt="fedavg", **options):
     family = ModelFamily("linear", (2, 1, 1), 2, ArchSpec(3, (0, 1, 2)), linear_builder)
-    cfg = Config.from_dict({"method": "inclusivefl", "levels": 3, "md_beta": md_beta, "server_opt": server_opt,
+    cfg = config_from({"method": "inclusivefl", "levels": 3, "md_beta": md_beta, "server_opt": server_opt,
                             "num_clients": 10, **options})
     method = InclusiveFL(cfg, family, num_levels=3)
     return method, method.init_state(seed=0)
@@ -94,10 +94,10 @@ def test_momentum_distillation_by_hand():
 
 def test_momentum_distillation_refused_on_unequal_blocks():
     fam = model_family("cnn", (1, 28, 28), 10)
-    cfg = Config.from_dict({"method": "inclusivefl", "levels": 4})
+    cfg = config_from({"method": "inclusivefl", "levels": 4})
     with pytest.raises(HetflError, match="momentum distillation needs blocks of identical shapes"):
         InclusiveFL(cfg, fam, num_levels=4)
-    InclusiveFL(Config.from_dict({"method": "inclusivefl-womd", "levels": 4}), fam, num_levels=4)  # w/o MD runs
+    InclusiveFL(config_from({"method": "inclusivefl-womd", "levels": 4}), fam, num_levels=4)  # w/o MD runs
 
 
 def test_fedadam_state_is_per_level():
@@ -122,7 +122,7 @@ def test_inclusivefl_with_momentum_distillation_runs_on_the_vit(tiny_cfg):
 
     sim = Simulation(tiny_cfg(method="inclusivefl", model="vit", model_width=1.0, levels=3, rounds=4,
                               client_fraction=0.5))
-    assert sim.cfg.md_beta == 0.2 and sim.cfg.server_opt == "fedadam"
+    assert sim.cfg.method_options["md_beta"] == 0.2 and sim.cfg.server_opt == "fedadam"
     assert sim.method.server.lr == 1e-2  # FedAdam's own eta, not FedAvg's 1 (which diverges)
     summary = sim.run(progress=False)
     assert set(summary["final"]) == {"global", "level1", "level2"}
@@ -147,7 +147,7 @@ def test_cross_level_weights_are_clients_or_samples():
 def test_inclusivefl_refuses_an_md_beta_without_md_and_levels_of_one_depth():
     fam = model_family("vit", (1, 28, 28), 10)
     with pytest.raises(HetflError, match="inclusivefl-womd runs without momentum distillation"):
-        InclusiveFLWithoutMD(Config.from_dict({"method": "inclusivefl-womd", "md_beta": 0.3, "levels": 3}), fam, 3)
-    cfg = Config.from_dict({"method": "inclusivefl", "levels": 3, "budget": "macs", "budget_ratios": [0.9, 0.95, 1.0]})
+        InclusiveFLWithoutMD(config_from({"method": "inclusivefl-womd", "md_beta": 0.3, "levels": 3}), fam, 3)
+    cfg = config_from({"method": "inclusivefl", "levels": 3, "budget": "macs", "budget_ratios": [0.9, 0.95, 1.0]})
     with pytest.raises(HetflError, match="InclusiveFL needs a different depth per level"):
         InclusiveFL(cfg, fam, 3).fit_budgets()

@@ -1,6 +1,5 @@
 """ResNet-18/34 with DepthFL's exits: Table 1's sizes, the depth and width contracts."""
 
-import pytest
 import torch
 
 from hetfl.costs import count_macs, count_params

@@ -3,10 +3,9 @@ ResNet-110, level models with level exits, baselines on the same levels, and the
 
 import pytest
 
-from hetfl.config import Config
 from hetfl.costs import build, component_costs, count_macs, count_params
 from hetfl.errors import HetflError
-from hetfl.methods import build_method
+from hetfl.methods import config_from, build_method
 from hetfl.models import model_family
 from hetfl.slicing import SubModel
 from hetfl.splits import WIDTH_GRID, split_search
@@ -55,7 +54,7 @@ def test_split_search_is_the_most_uniform_feasible_split(unit):
 
 def test_resnet110_split_reproduces_scalefl_table1_level1():
     """Table 1, level 1: (s_d, s_w) = (0.66, 0.70), 0.21 M params, 83.4 M FLOPs (our MACs) at r = 12.5%."""
-    cfg = Config.from_dict({"method": "scalefl", "model": "resnet110", "dataset": "cifar10", "split_cost": "params"})
+    cfg = config_from({"method": "scalefl", "model": "resnet110", "dataset": "cifar10", "split_cost": "params"})
     method = build_method(cfg, (3, 32, 32), 10)
     level1 = method.splits[0]
     assert level1.depth == 36 and level1.s_w == pytest.approx(0.67)  # s_d = 36 / 54 = 0.667
@@ -66,7 +65,7 @@ def test_resnet110_split_reproduces_scalefl_table1_level1():
 
 
 def test_level_models_hold_exactly_the_exits_of_their_level_and_below():
-    cfg = Config.from_dict({"method": "scalefl", "model": "preresnet20", "dataset": "cifar10"})
+    cfg = config_from({"method": "scalefl", "model": "preresnet20", "dataset": "cifar10"})
     method = build_method(cfg, (3, 32, 32), 10)
     assert len({s.depth for s in method.splits}) == 4  # four distinct cuts on this 9-block backbone
     for level in (1, 2, 3, 4):
@@ -77,8 +76,8 @@ def test_level_models_hold_exactly_the_exits_of_their_level_and_below():
 
 @pytest.mark.parametrize("baseline", ["allsmall", "decoupled", "exclusivefl"])
 def test_baselines_with_2d_scaling_train_scalefls_level_models(baseline):
-    scalefl = build_method(Config.from_dict({"method": "scalefl"}), (1, 28, 28), 10)
-    other = build_method(Config.from_dict({"method": baseline, "scaling": "2d"}), (1, 28, 28), 10)
+    scalefl = build_method(config_from({"method": "scalefl"}), (1, 28, 28), 10)
+    other = build_method(config_from({"method": baseline, "scaling": "2d"}), (1, 28, 28), 10)
     for level in (1, 2, 3, 4):
         a, b = scalefl.level_spec(level), other.level_spec(level)
         assert (a.depth, a.width, a.exits) == (b.depth, b.width, b.exits)
@@ -98,13 +97,13 @@ def test_scalefl_trains_digits_with_local_accuracy(tiny_cfg):
 
 def test_scalefl_bad_input():
     with pytest.raises(HetflError, match="the last budget ratio must be 1"):
-        Config.from_dict({"method": "scalefl", "budget_ratios": [0.1, 0.2, 0.4, 0.8]}).validate()
+        config_from({"method": "scalefl", "budget_ratios": [0.1, 0.2, 0.4, 0.8]}).validate()
     with pytest.raises(HetflError, match="split_epsilon must be > 0"):
-        Config.from_dict({"method": "scalefl", "split_epsilon": [0]}).validate()
+        config_from({"method": "scalefl", "split_epsilon": [0]}).validate()
     with pytest.raises(HetflError, match="split_epsilon must be > 0, one value or one per level"):
-        Config.from_dict({"method": "scalefl", "split_epsilon": [0.1, 0.1]}).validate()
+        config_from({"method": "scalefl", "split_epsilon": [0.1, 0.1]}).validate()
     with pytest.raises(HetflError, match="no 2-D split of cnn for level 1 is within split_epsilon 0.001"):
-        build_method(Config.from_dict({"method": "scalefl", "split_epsilon": [0.001],
+        build_method(config_from({"method": "scalefl", "split_epsilon": [0.001],
                                        "budget_ratios": [0.0001, 0.25, 0.5, 1.0]}), (1, 28, 28), 10)
     with pytest.raises(HetflError, match="method 'scalefl' cuts its sub-models by 2d, not by scaling 'depth'"):
-        build_method(Config.from_dict({"method": "scalefl", "scaling": "depth"}), (1, 28, 28), 10)
+        build_method(config_from({"method": "scalefl", "scaling": "depth"}), (1, 28, 28), 10)

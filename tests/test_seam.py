@@ -8,7 +8,7 @@ from hetfl.config import Config
 from hetfl.costs import measure
 from hetfl.devices import Budget, Scenario
 from hetfl.errors import HetflError
-from hetfl.methods import build_method
+from hetfl.methods import config_from, build_method
 from hetfl.models import FAMILIES, FamilyEntry, register_family
 
 
@@ -45,14 +45,14 @@ def test_every_registered_family_is_a_config_choice():
 @pytest.mark.parametrize("method", ["alllarge", "heterofl", "scalefl", "sheterofl", "decoupled"])
 def test_mutual_kd_is_refused_where_a_method_does_not_use_it(method):
     with pytest.raises(HetflError, match="does not use it"):
-        build_method(Config.from_dict({"method": method, "kd_weight": 1.0}), (1, 28, 28), 10)
+        build_method(config_from({"method": method, "kd_weight": 1.0}), (1, 28, 28), 10)
 
 
 def test_losses_are_each_methods_own():
     shape = (1, 28, 28)
-    depthfl = build_method(Config.from_dict({"method": "depthfl"}), shape, 10)
+    depthfl = build_method(config_from({"method": "depthfl"}), shape, 10)
     spec = depthfl.spec(2)
     assert depthfl.recipe(spec, 1).kd_weight == 1.0 and depthfl.recipe(spec, 1).kind == "exits_ce"
-    assert build_method(Config.from_dict({"method": "alllarge"}), shape, 10).recipe(spec, 1).kd_weight == 0.0
-    scalefl = build_method(Config.from_dict({"method": "scalefl"}), shape, 10)
+    assert build_method(config_from({"method": "alllarge"}), shape, 10).recipe(spec, 1).kd_weight == 0.0
+    scalefl = build_method(config_from({"method": "scalefl"}), shape, 10)
     assert scalefl.recipe(scalefl.full_spec(), 1).kind == "last_teacher"

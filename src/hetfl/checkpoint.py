@@ -117,7 +117,7 @@ def load_checkpoint(run_dir: Path, config) -> dict | None:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise HetflError(f"{path} is not a hetfl checkpoint (expected format {FORMAT})")
     # compared as resolved configs, so options added to hetfl later (at their defaults) still match
-    if not isinstance(payload.get("config"), dict) or type(config).from_dict(payload["config"]) != config:
+    if not isinstance(payload.get("config"), dict) or payload["config"] != config.to_dict():
         raise HetflError(f"checkpoint {path} belongs to another experiment: its config differs from "
                          f"{run_dir / 'config.json'}")
     payload["client_state_dir"] = folder / "client_state"

@@ -7,13 +7,14 @@ before a run folder is created.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import sys
 from pathlib import Path
 
 from .config import Config
 from .errors import HetflError
+from .methods import METHODS, config_from, load_config, option_owners
+from .options import default_of, option_fields
 
 
 class Parser(argparse.ArgumentParser):
@@ -42,21 +43,36 @@ def join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+def method_option_fields() -> dict:
+    """Every method's own option fields, by name (one field where several methods share an option)."""
+    fields = {}
+    for cls in METHODS.values():
+        fields.update({name: f for name, f in option_fields(cls.Options).items() if name not in fields})
+    return fields
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--field-name VALUE`` flag per config field (default: not given)."""
-    group = parser.add_argument_group("experiment options (override the config file)")
-    for f in dataclasses.fields(Config):
-        choices = f.metadata.get("choices")
-        extra = f" {{{','.join(choices)}}}" if choices else ""
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        text = f"{f.metadata['help']}{extra} (default: {default})"
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="V",
-                           help=text.replace("%", "%%"))  # argparse formats help strings with %
+    """One ``--field-name VALUE`` flag per generic option and per method option (default: not given)."""
+    generic = option_fields(Config)
+    owners = option_owners()
+    groups = [(parser.add_argument_group("experiment options (override the config file)"),
+               {name: generic[name] for name in Config.field_names()}, False),
+              (parser.add_argument_group("method options (each for the methods named in brackets)"),
+               method_option_fields(), True)]
+    for group, fields, own in groups:
+        for name, f in fields.items():
+            choices = f.metadata.get("choices")
+            extra = f" {{{','.join(choices)}}}" if choices else ""
+            text = f"{f.metadata['help']}{extra} (default: {default_of(f)})" + (f" [{', '.join(owners[name])}]"
+                                                                                 if own else "")
+            group.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="V",
+                               help=text.replace("%", "%%"))  # argparse formats help strings with %
 
 
 def given_options(args: argparse.Namespace) -> dict:
-    """The config options given as flags."""
-    return {name: getattr(args, name) for name in Config.field_names() if getattr(args, name, None) is not None}
+    """The options given as flags."""
+    names = Config.field_names() + list(method_option_fields())
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
 def cmd_run(args) -> int:
@@ -69,7 +85,7 @@ def cmd_run(args) -> int:
         sim = Simulation.resume(args.resume)
     else:
         overrides = given_options(args)
-        cfg = Config.load(args.config, overrides) if args.config else Config.from_dict(overrides, source="flags")
+        cfg = load_config(args.config, overrides) if args.config else config_from(overrides, source="flags")
         sim = Simulation(cfg)
     summary = sim.run(progress=not args.quiet)  # a finished run only has its final files checked (and repaired)
     print(run_table(summary))
@@ -77,8 +93,6 @@ def cmd_run(args) -> int:
 
 
 def cmd_methods(args) -> int:
-    from .methods import METHODS
-
     width = max(len(n) for n in METHODS)
     for name, cls in METHODS.items():
         print(f"{name.ljust(width)}  {cls.summary}")
@@ -89,7 +103,7 @@ def cmd_data_describe(args) -> int:
     from .data import class_histogram, load_dataset, partition
     from .data.describe import describe_partition, plot_heatmap
 
-    cfg = Config.from_dict(given_options(args), source="flags")  # partition() checks its own options
+    cfg = config_from(given_options(args), source="flags")  # partition() checks its own options
     dataset = load_dataset(cfg.dataset, cfg.data_dir or None)
     parts = partition(dataset.y_train, cfg.num_clients, cfg.partition, alpha=cfg.alpha,
                       classes_per_client=cfg.classes_per_client, min_size=cfg.min_client_size, seed=cfg.seed)
@@ -160,7 +174,7 @@ def cmd_costs(args) -> int:
         if options.get("model", args.model_name) != args.model_name:
             raise HetflError(f"costs: model given twice ({args.model_name} and --model {options['model']})")
         options["model"] = args.model_name
-    cfg = Config.from_dict(options, source="flags").validate()
+    cfg = config_from(options, source="flags").validate()
     if cfg.dataset in DATASET_SHAPES:  # no data files needed for the named datasets
         shape, classes = DATASET_SHAPES[cfg.dataset]
     else:

@@ -1,8 +1,11 @@
-"""The experiment configuration: one flat dataclass, validated once, from a TOML file and/or flags.
+"""The generic experiment configuration: one dataclass, validated once, from a TOML file and/or flags.
 
 Every field is a CLI flag (``--num-clients 100``) and a TOML key (``num_clients = 100``); flags
-override the file. Validation names the bad field and what is allowed, and runs before anything
-is created on disk.
+override the file. A method's own options (DepthFL's KD weight, InclusiveFL's beta, ...) are
+declared by the method (``methods.*.Options``) and ride along in ``method_options``; they are
+flags and keys like the generic ones, and ``methods.config_from`` resolves a file or flags against
+the method they name. This module knows nothing of the methods. Validation names the bad field and
+what is allowed, and runs before anything is created on disk.
 """
 
 from __future__ import annotations
@@ -15,15 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .aggregation import SERVER_OPTIMIZERS
+from .data.partition import SCHEMES
+from .devices import BUDGET_UNITS, SCENARIOS
 from .errors import HetflError
+from .evaluate import INFERENCES
+from .models import MODEL_NAMES, NORMS
+from .options import check_choices, coerce, opt, option_fields
 from .rundir import check_location
-
-
-def opt(default: Any, help: str, choices: tuple | None = None):
-    """A config field with its help text and, for enumerations, the allowed values."""
-    kwargs = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
-    return field(metadata={"help": help, "choices": choices}, **kwargs)
-
+from .slicing import SCALINGS, TRAIN_EXITS
 
 LR_SCHEDULES = ("constant", "step", "cosine", "exponential")
 
@@ -40,7 +43,7 @@ class Config:
     data_dir: str = opt("", "folder holding the dataset files (default: the usual places, see README)")
     num_clients: int = opt(100, "number of clients")
     partition: str = opt("iid", "how samples are split over clients",
-                         ("iid", "dirichlet", "dirichlet-unequal", "pathological"))
+                         SCHEMES)
     alpha: float = opt(0.5, "Dirichlet concentration (smaller = more skewed), > 0")
     classes_per_client: int = opt(2, "classes per client for the pathological partition")
     min_client_size: int = opt(10, "minimum samples per client for dirichlet-unequal")
@@ -48,21 +51,20 @@ class Config:
     crop_padding: int = opt(0, "random-crop padding in pixels (0 = no crop)")
     flip: bool = opt(False, "random horizontal flips")
     # model
-    model: str = opt("cnn", "backbone family", ("cnn", "resnet18", "resnet34", "resnet110", "preresnet20", "vit"))
+    model: str = opt("cnn", "backbone family", MODEL_NAMES)
     model_width: float = opt(1.0, "width multiplier of the global model (1 = 64/128/256/512 channels), > 0")
-    norm: str = opt("bn", "normalisation layers: bn (batch statistics) or none", ("bn", "none"))
+    norm: str = opt("bn", "normalisation layers: bn (batch statistics) or none", NORMS)
     # devices
-    scenario: str = opt("fixed", "how device levels are drawn each round", ("fixed", "dynamic", "maximum"))
+    scenario: str = opt("fixed", "how device levels are drawn each round", SCENARIOS)
     scaling: str = opt("depth", "how a level's sub-model is cut from the global model: depth (its first blocks), "
                        "width (the leading channels of every layer) or 2d (ScaleFL's Eq. (1) split at the level's "
-                       "budget ratio)", ("depth", "width", "2d"))
+                       "budget ratio)", SCALINGS)
     budget: str = opt("level", "what a level means: an index, or a budget of training memory or MACs per sample "
-                      "= budget_ratios[l] x the full model's", ("level", "memory", "macs"))
+                      "= budget_ratios[l] x the full model's", BUDGET_UNITS)
     budget_ratios: list[float] = opt([], "budget of each level as a fraction of the full model's cost, increasing "
                                      "(default l/levels; 2d scaling: 2^(l - levels), ScaleFL's 12.5/25/50/100%)")
     levels: int = opt(4, "number of device levels")
     proportions: list[float] = opt([], "share of clients per level, smallest level first (default equal), e.g. 1,2,7")
-    global_level: int = opt(0, "ExclusiveFL: level of the global model, 1..levels (0 = the largest)")
     widths: list[float] = opt([], "width-scaling methods: width ratio per level, smallest first (default l/levels)")
     scaler: bool = opt(False, "HeteroFL's Scaler: divide activations by the width ratio in training")
     static_bn: bool = opt(False, "recompute BatchNorm statistics on the training data before evaluation (sBN)")
@@ -80,22 +82,17 @@ class Config:
     momentum: float = opt(0.9, "client SGD momentum")
     weight_decay: float = opt(5e-4, "client weight decay")
     clip_grad: float = opt(0.0, "max gradient L2 norm (0 = no clipping)")
-    train_exits: str = opt("all", "exits that get a loss: every exit of the sub-model, or the last", ("all", "last"))
+    train_exits: str = opt("all", "exits that get a loss: every exit of the sub-model, or the last", TRAIN_EXITS)
     inference: str = opt("last", "headline prediction: the last exit, or the ensemble (mean of the exits' logits)",
-                         ("last", "ensemble"))
+                         INFERENCES)
     prox_mu: float = opt(0.0, "FedProx proximal weight mu (0 = off)")
-    kd_weight: float = opt(0.0, "weight of the mutual self-distillation among exits, DepthFL Eq. (1) (0 = off)")
-    kd_ramp_rounds: int = opt(0, "ramp the KD weight by exp(-5 (1 - t/R)^2) over the first R rounds (0 = none)")
-    md_beta: float = opt(0.0, "InclusiveFL momentum-distillation factor beta in [0, 1] (0 = w/o MD)")
-    kd_temperature: float = opt(3.0, "ScaleFL: temperature tau of the distillation from the last exit")
-    scalefl_beta: float = opt(0.1, "ScaleFL: weight beta of the distillation from the last exit, Eq. (5)")
     split_epsilon: list[float] = opt([0.1], "2d scaling: cost tolerance epsilon_l of the split search, Eq. (1); "
                                      "one value for every level or one per level")
     split_cost: str = opt("macs", "2d scaling: the cost the split search matches: MACs per sample, or params "
                           "(ScaleFL's Table 1 ratios; too lopsided on the CNN, whose last block holds 3/4 of them)",
                           ("macs", "params"))
     # server
-    server_opt: str = opt("fedavg", "server optimizer", ("fedavg", "fedadam", "feddyn"))
+    server_opt: str = opt("fedavg", "server optimizer", SERVER_OPTIMIZERS)
     server_lr: float = opt(0.0, "server learning rate; 0 = the optimizer's usual one: FedAvg 1 (plain averaging), "
                            "FedAdam eta = 1e-2 (Reddi et al. 2021)")
     adam_beta1: float = opt(0.9, "FedAdam beta1")
@@ -113,50 +110,49 @@ class Config:
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:1, ...")
     out: str = opt("runs", "folder where run folders are created")
     name: str = opt("", "run folder name (default: method-dataset-seed-timestamp)")
+    # the method's own options, by name (declared and validated by the method: ``methods.config_from``)
+    method_options: dict[str, Any] = field(default_factory=dict, metadata={"help": None})
 
     # ---- construction --------------------------------------------------------------------
     @classmethod
     def field_names(cls) -> list[str]:
-        """Names of all fields, in declaration order."""
-        return [f.name for f in dataclasses.fields(cls)]
+        """Names of the generic options, in declaration order."""
+        return [name for name, f in option_fields(cls).items() if f.metadata.get("help")]
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], source: str = "config") -> Config:
-        """A config with ``values`` over the method's defaults over the field defaults.
-
-        Unknown keys and wrong types are errors. A method's defaults (e.g. DepthFL's FedDyn and
-        KD weight) apply only to options not given; the resolved config records them all.
-        """
-        from .methods import METHODS
-
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        method = values.get("method", fields["method"].default)
-        if method in METHODS:
-            values = {**METHODS[method].defaults, **values}
-        kwargs = {}
+    def from_dict(cls, values: dict[str, Any], source: str = "config", options: type | None = None) -> Config:
+        """A config of ``values``: generic options, and the fields of the method's ``options`` dataclass
+        (converted to their types; the method checks their values). Unknown keys and wrong types are errors."""
+        fields = {name: option_fields(cls)[name] for name in cls.field_names()}
+        own = option_fields(options) if options is not None else {}
+        kwargs, method_options = {}, {}
         for key, value in values.items():
-            if key not in fields:
+            if key in fields:
+                kwargs[key] = coerce(key, value, fields[key].type, source)
+            elif key in own:
+                method_options[key] = coerce(key, value, own[key].type, source)
+            else:
                 raise HetflError(f"{source}: option '{key}' is unknown; see `hetfl run --help` for the options")
-            kwargs[key] = coerce(key, value, fields[key].type, source)
-        return cls(**kwargs)
+        return cls(**kwargs, method_options=method_options)
 
-    @classmethod
-    def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
-        """The config of a TOML (or the JSON a run folder holds) file with ``overrides`` on top."""
+    @staticmethod
+    def read(path: str | Path) -> dict[str, Any]:
+        """The option values of a TOML file (or of the JSON a run folder holds)."""
         path = Path(path)
         try:
             text = path.read_text()
         except OSError as e:
             raise HetflError(f"config file {path} cannot be read: {e.strerror}") from None
         try:
-            values = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+            return json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
             raise HetflError(f"config file {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {e}") from None
-        return cls.from_dict({**values, **(overrides or {})}, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields as plain values."""
-        return dataclasses.asdict(self)
+        """Every option as plain values, the method's own ones beside the generic ones (one flat mapping)."""
+        values = dataclasses.asdict(self)
+        own = values.pop("method_options")
+        return {**values, **own}
 
     def replace(self, **changes) -> Config:
         """A copy with ``changes``."""
@@ -165,15 +161,7 @@ class Config:
     # ---- validation ----------------------------------------------------------------------
     def validate(self) -> Config:
         """Self, after checking every field; raises HetflError naming the first bad one."""
-        from .methods import METHODS
-
-        if self.method not in METHODS:
-            raise HetflError(f"method '{self.method}' is unknown; choose one of: {', '.join(METHODS)}")
-        for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            value = getattr(self, f.name)
-            if choices and value not in choices:
-                raise HetflError(f"{f.name} '{value}' is not allowed; choose one of: {', '.join(choices)}")
+        check_choices(self)
         positive_ints = ("num_clients", "rounds", "local_epochs", "batch_size", "levels", "eval_every",
                          "checkpoint_every", "eval_batch_size", "classes_per_client")
         for name in positive_ints:
@@ -193,8 +181,8 @@ class Config:
         for name in ("momentum", "adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise HetflError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        for name in ("static_bn_samples", "server_lr", "weight_decay", "clip_grad", "prox_mu", "lr_min", "crop_padding", "min_client_size",
-                     "kd_weight", "kd_ramp_rounds"):
+        for name in ("static_bn_samples", "server_lr", "weight_decay", "clip_grad", "prox_mu", "lr_min", "crop_padding",
+                     "min_client_size"):
             if getattr(self, name) < 0:
                 raise HetflError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.checkpoint_seconds >= 0:
@@ -207,21 +195,9 @@ class Config:
         if self.proportions and len(self.proportions) != self.levels:
             raise HetflError(f"proportions has {len(self.proportions)} entries but levels is {self.levels}; "
                              "give one share per level")
-        if self.global_level and self.method != "exclusivefl":
-            raise HetflError(f"global_level is an ExclusiveFL option; method '{self.method}' does not use it")
-        if self.md_beta and not self.method.startswith("inclusivefl"):
-            raise HetflError(f"md_beta is an InclusiveFL option; method '{self.method}' does not use it")
         if len(self.split_epsilon) not in (1, self.levels) or not all(e > 0 for e in self.split_epsilon):
             raise HetflError(f"split_epsilon must be > 0, one value or one per level ({self.levels}), "
                              f"got {self.split_epsilon}")
-        if not self.kd_temperature > 0:
-            raise HetflError(f"kd_temperature must be > 0, got {self.kd_temperature}")
-        if not 0 <= self.scalefl_beta < 1:
-            raise HetflError(f"scalefl_beta must be in [0, 1), got {self.scalefl_beta}")
-        if not 0 <= self.md_beta <= 1:
-            raise HetflError(f"md_beta must be in [0, 1], got {self.md_beta}")
-        if not 0 <= self.global_level <= self.levels:
-            raise HetflError(f"global_level must be in 1..{self.levels} (or 0 = the largest), got {self.global_level}")
         if self.budget_ratios:
             if len(self.budget_ratios) != self.levels:
                 raise HetflError(f"budget_ratios has {len(self.budget_ratios)} entries but levels is {self.levels}; "
@@ -278,13 +254,6 @@ class Config:
         """Clients sampled each round: round(fraction * clients), at least 1."""
         return max(1, round(self.client_fraction * self.num_clients))
 
-    def kd_weight_at(self, round_index: int) -> float:
-        """The KD weight at a 1-based round: the DepthFL code's consistency ramp-up, exp(-5 (1 - t/R)^2)."""
-        if self.kd_ramp_rounds <= 0:
-            return self.kd_weight
-        progress = min(round_index, self.kd_ramp_rounds) / self.kd_ramp_rounds
-        return self.kd_weight * math.exp(-5.0 * (1.0 - progress) ** 2)
-
     def lr_at(self, round_index: int) -> float:
         """The client learning rate at a 1-based round."""
         t = round_index - 1
@@ -297,29 +266,3 @@ class Config:
             return self.lr * self.lr_gamma ** t
         return self.lr
 
-
-def coerce(key: str, value: Any, annotation: Any, source: str) -> Any:
-    """``value`` converted to the field's type; a one-line error naming the field if it cannot be."""
-    kind = str(annotation)
-    try:
-        if kind.startswith("list"):
-            items = value.split(",") if isinstance(value, str) else list(value)
-            item_type = float if "float" in kind else int
-            return [item_type(x) for x in items if str(x).strip() != ""]
-        if kind == "bool":
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError
-            return bool(value)
-        if kind == "int":
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(value)
-        if kind == "float":
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError):
-        raise HetflError(f"{source}: {key} must be of type {kind}, got {value!r}") from None

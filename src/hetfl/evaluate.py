@@ -11,6 +11,8 @@ from torch import nn
 
 from .losses import ensemble_logits
 
+INFERENCES = ("last", "ensemble")  # a model's headline prediction: its last exit, or the mean of its exits' logits
+
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> dict[str, float]:

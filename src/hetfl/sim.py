@@ -26,8 +26,7 @@ from .data import load_dataset, partition, split_train_test
 from .devices import Scenario
 from .errors import HetflError, warn
 from .evaluate import evaluate, static_batchnorm
-from .losses import ensemble_logits
-from .methods import build_method
+from .methods import build_method, load_config
 from .report import headline_accuracy, rounds_to_target
 from .rundir import (append_jsonl, atomic_torch_save, atomic_write_json, create_run_dir, crash_point, lock_run_dir,
                      read_jsonl, readable_json_file, readable_torch_file, remove_tree, unlock_run_dir,
@@ -119,7 +118,7 @@ class Simulation:
         if not run_dir.is_dir() or not config_path.exists():
             raise HetflError(f"{run_dir} is not a hetfl run folder (no config.json)")
         lock_run_dir(run_dir)  # before anything is read: a live writer would change it underneath
-        cfg = Config.load(config_path)
+        cfg = load_config(config_path)
         payload = load_checkpoint(run_dir, cfg)
         history, partial = read_jsonl(run_dir / "metrics.jsonl")
         sim = cls(cfg)
@@ -218,8 +217,7 @@ class Simulation:
                     out.update({label: result for label in labels[spec]})
                 for client in clients.get(spec, []):
                     idx = self.client_test_parts[client]
-                    logits = model(self.x_train[idx])
-                    scores = ensemble_logits(logits) if self.method.inference == "ensemble" else logits[-1]
+                    scores = self.method.predict(model(self.x_train[idx]))
                     accuracies.append((scores.argmax(1) == self.y_train[idx]).double().mean().item())
         order = {label: i for i, label in enumerate(self.method.eval_specs())}
         out = dict(sorted(out.items(), key=lambda kv: order[kv[0]]))

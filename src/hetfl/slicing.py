@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 State = dict[str, torch.Tensor]
+SCALINGS = ("depth", "width", "2d")  # how a level's sub-model is cut: its first blocks, leading channels, or both
+TRAIN_EXITS = ("all", "last")  # which exits of a sub-model it holds and trains
 
 
 @dataclass(frozen=True)

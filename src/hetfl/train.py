@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .data.augment import augment
+from .augment import augment
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,14 @@ from pathlib import Path
 import torch
 
 from ..config import Config
+from ..methods import config_from
 
 TIMEOUT = 600  # seconds for one process; a run takes seconds
 
 
 def chaos_config(out: Path, rounds: int) -> Config:
     """The soaked run: DepthFL (FedDyn state on disk, KD) on digits, a quarter-width CNN."""
-    return Config.from_dict({"method": "depthfl", "dataset": "digits", "model_width": 0.25, "num_clients": 20,
+    return config_from({"method": "depthfl", "dataset": "digits", "model_width": 0.25, "num_clients": 20,
                              "client_fraction": 0.25, "rounds": rounds, "batch_size": 16, "checkpoint_every": 2,
                              "out": str(out)})
 

@@ -14,13 +14,14 @@ import time
 from datetime import datetime
 
 from ..config import Config
+from ..methods import config_from
 from ..rundir import unlock_run_dir
 from ..sim import Simulation
 
 
 def checkpoint_config(rounds: int, device: str, dataset: str = "fmnist") -> Config:
     """The default experiment under DepthFL, ``rounds`` long."""
-    return Config.from_dict({"method": "depthfl", "dataset": dataset, "rounds": rounds, "device": device,
+    return config_from({"method": "depthfl", "dataset": dataset, "rounds": rounds, "device": device,
                              "out": "runs", "name": f"checkpoint-bench-{datetime.now():%Y%m%d-%H%M%S-%f}"})
 
 

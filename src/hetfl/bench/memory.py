@@ -14,7 +14,7 @@ import resource
 import tempfile
 from pathlib import Path
 
-from ..config import Config
+from ..methods import config_from
 from ..sim import Simulation
 
 
@@ -27,7 +27,7 @@ def run_memory(model: str = "resnet18", num_clients: int = 1000, distinct: int =
                dataset: str = "fmnist", out: str | None = None) -> dict:
     """Print RSS per round and the growth in units of one client's state; returns the figures."""
     with tempfile.TemporaryDirectory(dir=out) as tmp:
-        cfg = Config.from_dict({"method": "depthfl", "model": model, "dataset": dataset, "num_clients": num_clients,
+        cfg = config_from({"method": "depthfl", "model": model, "dataset": dataset, "num_clients": num_clients,
                                 "client_fraction": 10 / num_clients, "rounds": 10_000, "batch_size": 8,
                                 "eval_every": 10_000, "checkpoint_every": 10_000, "out": tmp, "name": "memory"})
         sim = Simulation(cfg)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ..checkpoint import has_checkpoint
 from ..config import Config
+from ..methods import config_from, load_config
 from ..errors import HetflError
 from ..plots import plot_curves
 from ..report import bench_report, rounds_to_target
@@ -107,7 +108,7 @@ def preset_configs(preset: dict, overrides: dict, seeds: list[int] | None) -> li
         label = entry.pop("label", None) or entry.get("method", "run")
         for seed in seeds:
             values = {**preset.get("base", {}), **entry, **overrides, "seed": seed}
-            configs.append((label, seed, Config.from_dict(values, source=f"preset run '{label}'").validate()))
+            configs.append((label, seed, config_from(values, source=f"preset run '{label}'").validate()))
     return configs
 
 
@@ -121,7 +122,7 @@ def finished_run(runs_root: Path, cfg: Config) -> dict | None:
     its rounds to a target are those to ``cfg``'s target, read off its curve."""
     for folder in sorted(runs_root.glob(f"*-{config_key(cfg)}-s{cfg.seed}")):
         if (folder / "summary.json").exists() and (folder / "config.json").exists():
-            if same_run(Config.load(folder / "config.json"), cfg):
+            if same_run(load_config(folder / "config.json"), cfg):
                 summary = json.loads((folder / "summary.json").read_text())
                 return {**summary, "target_accuracy": cfg.target_accuracy,
                         "rounds_to_target": rounds_to_target(summary["curve"], cfg.target_accuracy)}

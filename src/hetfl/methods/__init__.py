@@ -1,9 +1,15 @@
-"""The method registry: name -> class, with a one-line summary each (``hetfl methods``)."""
+"""The method registry: name -> class, with a one-line summary each (``hetfl methods``), and the
+resolution of option values (a TOML file, flags, a run's config.json) against the method they name."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..config import Config
 from ..errors import HetflError
-from ..models import model_family
+from ..options import option_fields
 from .alllarge import AllLarge
 from .allsmall import AllSmall
 from .base import Method
@@ -26,16 +32,43 @@ def method_class(name: str) -> type[Method]:
         raise HetflError(f"method '{name}' is unknown; choose one of: {', '.join(METHODS)}") from None
 
 
+def option_owners() -> dict[str, list[str]]:
+    """Every method option's name -> the methods that declare it."""
+    owners: dict[str, list[str]] = {}
+    for name, cls in METHODS.items():
+        for option in option_fields(cls.Options):
+            owners.setdefault(option, []).append(name)
+    return owners
+
+
+def config_from(values: dict[str, Any], source: str = "config") -> Config:
+    """The config of ``values`` (generic options and the named method's own): the values given, over the
+    method's defaults, over the options' defaults; every value checked. Another method's option is an error."""
+    cls = method_class(str(values.get("method", Config.__dataclass_fields__["method"].default)))
+    own = option_fields(cls.Options)
+    for key, methods in option_owners().items():
+        if key in values and key not in own:
+            raise HetflError(f"{source}: {key} is an option of {', '.join(methods)}; method '{cls.name}' does not "
+                             f"use it; drop it")
+    cfg = Config.from_dict({**cls.defaults, **values}, source, options=cls.Options)
+    return cfg.replace(method_options=asdict(cls.options_of(cfg)))  # the resolved config records them all
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """The config of a TOML file (or of the config.json a run folder holds) with ``overrides`` on top."""
+    return config_from({**Config.read(path), **(overrides or {})}, source=str(path))
+
+
 def build_method(cfg, input_shape: tuple[int, ...], num_classes: int, device="cpu", who=None) -> Method:
     """The configured method on its backbone, levels fitted to physical budgets when ``cfg.budget`` asks.
 
     ``who(level)`` names the devices of a level in a budget error (default "level l").
     """
-    family = model_family(cfg.model, tuple(input_shape), num_classes, cfg.model_width, cfg.norm)
-    method = method_class(cfg.method)(cfg, family, cfg.levels, device)
+    cls = method_class(cfg.method)
+    method = cls(cfg, cls.make_family(cfg, input_shape, num_classes), cfg.levels, device)
     if cfg.budget != "level":
         method.fit_budgets(who)
     return method
 
 
-__all__ = ["METHODS", "Method", "build_method", "method_class"]
+__all__ = ["METHODS", "Method", "build_method", "config_from", "load_config", "method_class", "option_owners"]

@@ -7,7 +7,10 @@ level-l client gets ``level_spec(l)``, cut from the global model as the config's
 only the last one, and the server folds the updates into an element-wise masked mean and applies
 the configured server optimizer (FedAvg, FedAdam, FedDyn) to the explicit ``ServerState``.
 Subclasses override ``plan`` (and, when needed, ``recipe``, the state layout and ``eval_specs``);
-a method that only makes sense for some scalings lists them in ``scalings``.
+a method that only makes sense for some scalings lists them in ``scalings``. A method declares its
+own options as an ``Options`` dataclass (``methods.options``) and the values it sets for generic
+options unless the user gives them (``defaults``); it chooses its backbone (``make_family``:
+the client builds the same registered family from the task) and its prediction (``predict``).
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ from ..client import ModelCache, Update, describe_family
 from ..costs import measure
 from ..devices import Budget, fit_largest, level_budgets
 from ..errors import HetflError
-from ..models import ModelFamily
-from ..slicing import State, SubModel, extract
+from ..losses import ensemble_logits
+from ..models import ModelFamily, model_family
+from ..options import check_choices, option_fields
+from ..slicing import SCALINGS, State, SubModel, extract
 from ..splits import Split, split_search
 from ..task import LossRecipe, Task
 from ..train import TrainOptions
+from .options import NoOptions
 
 
 class Method:
@@ -35,18 +41,16 @@ class Method:
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
-    defaults: ClassVar[dict] = {}  # config options this method sets unless the user gives them
-    scalings: ClassVar[tuple[str, ...]] = ("depth", "width", "2d")  # how it may cut level sub-models
-    mutual_kd: ClassVar[bool] = False  # whether ``kd_weight`` (DepthFL Eq. (1)'s mutual KD) applies to it
+    Options: ClassVar[type] = NoOptions  # the method's own options (a dataclass of ``opt`` fields)
+    defaults: ClassVar[dict] = {}  # option values (generic or its own) this method sets unless the user gives them
+    scalings: ClassVar[tuple[str, ...]] = SCALINGS  # how it may cut level sub-models
 
     def __init__(self, cfg, family: ModelFamily, num_levels: int, device: torch.device | str = "cpu"):
         if cfg.scaling not in self.scalings:
             raise HetflError(f"method '{self.name}' cuts its sub-models by {' or '.join(self.scalings)}, not by "
                              f"scaling '{cfg.scaling}'; drop --scaling")
-        if cfg.kd_weight and not self.mutual_kd:
-            raise HetflError(f"kd_weight is DepthFL's mutual self-distillation (Eq. (1)); method '{self.name}' does "
-                             f"not use it (got {cfg.kd_weight}); drop --kd-weight")
         self.cfg = cfg
+        self.options = self.options_of(cfg)
         self.splits: list[Split] | None = None
         if cfg.scaling == "2d":  # Eq. (1) per level, then an exit after every level's cut (ScaleFL Alg. 1)
             self.splits = split_search(family.with_exits(tuple(range(family.arch.num_blocks))),
@@ -74,10 +78,31 @@ class Method:
             flip=cfg.flip, prox_mu=cfg.prox_mu,
             feddyn_alpha=cfg.feddyn_alpha if cfg.server_opt == "feddyn" else 0.0)
 
+    @classmethod
+    def options_of(cls, cfg):
+        """The method's own options in ``cfg`` (its defaults where not given), checked against ``cfg``."""
+        own = option_fields(cls.Options)
+        foreign = sorted(set(cfg.method_options) - set(own))
+        if foreign:
+            raise HetflError(f"option '{foreign[0]}' is not an option of method '{cls.name}'; drop it")
+        options = cls.Options(**{**{k: v for k, v in cls.defaults.items() if k in own}, **cfg.method_options})
+        check_choices(options)
+        options.check(cfg)
+        return options
+
+    @classmethod
+    def make_family(cls, cfg, input_shape: tuple[int, ...], num_classes: int) -> ModelFamily:
+        """The backbone this method trains for ``cfg`` (a registered family, so a client builds the same)."""
+        return model_family(cfg.model, tuple(input_shape), num_classes, cfg.model_width, cfg.norm)
+
     @property
     def inference(self) -> str:
         """The headline prediction: "last" exit or "ensemble" of exits (config ``inference``, a method default)."""
         return self.cfg.inference
+
+    def predict(self, logits: list[torch.Tensor]) -> torch.Tensor:
+        """The headline scores of a model from its exits' logits: the last exit's, or their ensemble."""
+        return ensemble_logits(logits) if self.inference == "ensemble" else logits[-1]
 
     # ---- levels and budgets ------------------------------------------------------------------
     def candidates(self) -> list[SubModel]:
@@ -196,9 +221,9 @@ class Method:
                     seed=self.cfg.seed, scaler=self.cfg.scaler, state_shapes=state_shapes)
 
     def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
-        """The local loss of ``spec``'s model: CE over the exits it holds (all of its depth, or only the last
-        one with ``train_exits=last``), plus DepthFL Eq. (1)'s mutual KD for methods that use it."""
-        return LossRecipe("exits_ce", kd_weight=self.cfg.kd_weight_at(round_index) if self.mutual_kd else 0.0)
+        """The local loss of ``spec``'s model: the sum of CEs over the exits it holds (all of its depth, or
+        only the last one with ``train_exits=last``)."""
+        return LossRecipe("exits_ce")
 
     def aggregate(self, state: ServerState, updates: Iterable[Update]) -> ServerState:
         """Fold updates into a masked mean as they arrive, then take a server-optimizer step."""

@@ -24,20 +24,26 @@ E = 5, alpha = 0.1) are the preset ``depthfl-paper``; the CPU benches use fewer 
 """
 
 from ..slicing import SubModel
+from ..task import LossRecipe
 from .base import Method
+from .options import MutualKD
 
 
 class DepthFL(Method):
     name = "depthfl"
     summary = "depth-scaled sub-models with an exit per block, mutual self-distillation and FedDyn"
     scalings = ("depth",)
-    mutual_kd = True
+    Options = MutualKD
     # Alg. 1 averages every block uniformly over the clients holding it (1/|P_t^{d_k >= d_i}|)
     defaults = {"server_opt": "feddyn", "kd_weight": 1.0, "inference": "ensemble", "aggregation_weights": "uniform"}
 
     def plan(self, client, budget, round_index) -> SubModel:
         """The first d_k blocks and their exits, d_k the deepest cut the client's budget affords this round."""
         return self.fit(budget)
+
+    def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
+        """Eq. (1): the CEs of the client's exits + the mutual KD among them, at this round's weight."""
+        return LossRecipe("exits_ce", kd_weight=self.options.kd_weight_at(round_index))
 
 
 class DepthFLFedAvg(DepthFL):

@@ -8,16 +8,33 @@ train and test it the same way (e.g. DepthFL: ``--server-opt feddyn --kd-weight 
 Acar et al.) counts them only, as the DepthFL authors' exclusive runs do.
 """
 
+from dataclasses import dataclass
+
 from ..devices import level_counts
+from ..errors import HetflError
+from ..options import opt
 from ..slicing import SubModel
+from ..task import LossRecipe
 from .base import Method
+from .options import MutualKD
+
+
+@dataclass(frozen=True)
+class Options(MutualKD):
+    """The global level, and DepthFL Eq. (1)'s mutual KD for runs trained like DepthFL."""
+
+    global_level: int = opt(0, "ExclusiveFL: level of the global model, 1..levels (0 = the largest)")
+
+    def check(self, cfg) -> None:
+        super().check(cfg)
+        if not 0 <= self.global_level <= cfg.levels:
+            raise HetflError(f"global_level must be in 1..{cfg.levels} (or 0 = the largest), got {self.global_level}")
 
 
 class ExclusiveFL(Method):
     name = "exclusivefl"
     summary = "only clients that can afford the global level's model train it; the rest are left out"
-
-    mutual_kd = True  # trained like the method it is compared with (DepthFL Table 2)
+    Options = Options
 
     def federation_size(self) -> int:
         """FedDyn's N: the clients that can take part."""
@@ -32,7 +49,7 @@ class ExclusiveFL(Method):
     @property
     def global_level(self) -> int:
         """The level whose model is the global model (config ``global_level``, default the largest)."""
-        return self.cfg.global_level or self.num_levels
+        return self.options.global_level or self.num_levels
 
     def global_spec(self) -> SubModel:
         """The global level's model."""
@@ -41,6 +58,10 @@ class ExclusiveFL(Method):
     def plan(self, client, budget, round_index) -> SubModel | None:
         """The global level's model for clients that can afford it, None for the others."""
         return self.global_spec() if budget.level >= self.global_level else None
+
+    def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
+        """The loss of the method it is compared with: CE over the exits (+ DepthFL Eq. (1)'s mutual KD)."""
+        return LossRecipe("exits_ce", kd_weight=self.options.kd_weight_at(round_index))
 
     def eval_specs(self):
         return {"global": self.global_spec()}

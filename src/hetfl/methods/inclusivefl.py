@@ -30,23 +30,47 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..aggregation import MaskedMean, ServerState
 from ..client import Update
 from ..errors import HetflError
+from ..options import opt
 from ..slicing import State, SubModel, corner, extract
 from .base import Method
+from .options import NoOptions
 
 BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class Options(NoOptions):
+    """Momentum distillation (Alg. 1 lines 15-23)."""
+
+    md_beta: float = opt(0.0, "InclusiveFL momentum-distillation factor beta in [0, 1] (0 = w/o MD)")
+
+    def check(self, cfg) -> None:
+        if not 0 <= self.md_beta <= 1:
+            raise HetflError(f"md_beta must be in [0, 1], got {self.md_beta}")
+
+
+@dataclass(frozen=True)
+class OptionsWithoutMD(Options):
+    """beta = 0: no momentum distillation."""
+
+    def check(self, cfg) -> None:
+        if self.md_beta:
+            raise HetflError(f"inclusivefl-womd runs without momentum distillation; drop --md-beta "
+                             f"(got {self.md_beta}) or use --method inclusivefl")
 
 
 class InclusiveFL(Method):
     name = "inclusivefl"
     summary = "depth sub-models with per-level top block and head, momentum distillation, FedAdam (InclusiveFL)"
     scalings = ("depth",)
+    Options = Options
     defaults = {"server_opt": "fedadam", "train_exits": "last", "aggregation_weights": "uniform", "md_beta": 0.2}
 
     def __init__(self, cfg, family, num_levels, device="cpu"):
@@ -56,7 +80,7 @@ class InclusiveFL(Method):
         if cfg.server_opt == "feddyn":
             raise HetflError("InclusiveFL runs with --server-opt fedadam (the paper) or fedavg, not feddyn")
         self._check_distinct_depths()
-        if cfg.md_beta > 0:
+        if self.options.md_beta > 0:
             self._check_identical_blocks()
 
     def _check_distinct_depths(self) -> None:
@@ -123,7 +147,7 @@ class InclusiveFL(Method):
             weight = self.aggregate_weight(update)
             groups[level][2].add(update.state, weight)
             counts[level] = counts.get(level, 0) + weight  # n_j: clients (uniform) or samples
-        beta = self.cfg.md_beta
+        beta = self.options.md_beta
         new_momentum: State = {}
         sub_global: dict[int, tuple[SubModel, State, int]] = {}
         for level in sorted(groups):
@@ -187,8 +211,4 @@ class InclusiveFLWithoutMD(InclusiveFL):
     summary = "InclusiveFL without momentum distillation (md_beta = 0)"
     defaults = {**InclusiveFL.defaults, "md_beta": 0.0}
 
-    def __init__(self, cfg, family, num_levels, device="cpu"):
-        if cfg.md_beta:
-            raise HetflError(f"inclusivefl-womd runs without momentum distillation; drop --md-beta "
-                             f"(got {cfg.md_beta}) or use --method inclusivefl")
-        super().__init__(cfg, family, num_levels, device)
+    Options = OptionsWithoutMD

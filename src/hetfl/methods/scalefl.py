@@ -16,9 +16,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ..errors import HetflError
+from ..options import opt
 from ..slicing import SubModel
 from ..task import LossRecipe
 from .base import Method
+from .options import NoOptions
+
+
+@dataclass(frozen=True)
+class Options(NoOptions):
+    """Eq. (5)'s distillation from the last exit."""
+
+    kd_temperature: float = opt(3.0, "ScaleFL: temperature tau of the distillation from the last exit")
+    scalefl_beta: float = opt(0.1, "ScaleFL: weight beta of the distillation from the last exit, Eq. (5)")
+
+    def check(self, cfg) -> None:
+        if not self.kd_temperature > 0:
+            raise HetflError(f"kd_temperature must be > 0, got {self.kd_temperature}")
+        if not 0 <= self.scalefl_beta < 1:
+            raise HetflError(f"scalefl_beta must be in [0, 1), got {self.scalefl_beta}")
 
 
 class ScaleFL(Method):
@@ -26,6 +45,7 @@ class ScaleFL(Method):
     summary = "2-D (depth x width) sub-models from a cost search, early exits, KD from the last exit (ScaleFL)"
     defaults = {"scaling": "2d", "aggregation_weights": "uniform"}
     scalings = ("2d",)
+    Options = Options
 
     def plan(self, client, budget, round_index) -> SubModel:
         """The largest level split the client's budget affords (its level's split)."""
@@ -33,7 +53,7 @@ class ScaleFL(Method):
 
     def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
         """Eq. (5): exits weighted by index, the last exit teaching the earlier ones."""
-        return LossRecipe("last_teacher", beta=self.cfg.scalefl_beta, tau=self.cfg.kd_temperature)
+        return LossRecipe("last_teacher", beta=self.options.scalefl_beta, tau=self.options.kd_temperature)
 
     def eval_specs(self):
         return self.level_eval_specs()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..errors import HetflError
+from .errors import HetflError
 
 
 def augment(x: torch.Tensor, generator: torch.Generator, crop_padding: int = 0, flip: bool = False) -> torch.Tensor:

@@ -1,0 +1,43 @@
+"""Options a method declares for itself (DESIGN.md, "config: each method validates its own options").
+
+A method's ``Options`` is a frozen dataclass of ``opt`` fields: the CLI makes a flag of each
+field and TOML files take it as a key, like the generic options; ``check`` validates the values
+against the rest of the config. Shared option groups (DepthFL Eq. (1)'s mutual KD, used by
+DepthFL and by ExclusiveFL trained like it) live here; a method's own live in its file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import HetflError
+from ..options import opt
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A method with no options of its own."""
+
+    def check(self, cfg) -> None:
+        """Raise HetflError naming the first value not allowed with ``cfg``."""
+
+
+@dataclass(frozen=True)
+class MutualKD(NoOptions):
+    """DepthFL Eq. (1)'s mutual self-distillation among the exits, and its ramp-up."""
+
+    kd_weight: float = opt(0.0, "weight of the mutual self-distillation among exits, DepthFL Eq. (1) (0 = off)")
+    kd_ramp_rounds: int = opt(0, "ramp the KD weight by exp(-5 (1 - t/R)^2) over the first R rounds (0 = none)")
+
+    def check(self, cfg) -> None:
+        for name in ("kd_weight", "kd_ramp_rounds"):
+            if getattr(self, name) < 0:
+                raise HetflError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def kd_weight_at(self, round_index: int) -> float:
+        """The KD weight at a 1-based round: the DepthFL code's consistency ramp-up, exp(-5 (1 - t/R)^2)."""
+        if self.kd_ramp_rounds <= 0:
+            return self.kd_weight
+        progress = min(round_index, self.kd_ramp_rounds) / self.kd_ramp_rounds
+        return self.kd_weight * math.exp(-5.0 * (1.0 - progress) ** 2)
