@@ -68,8 +68,9 @@ worse = "AllLarge"
     assert "Regenerate: `hetfl bench" in table
     assert "| AllLarge      | global " in table  # the table of every evaluated model
     claims = table.split("## Claims checked")[1]
-    assert re.search(r"\| the full model beats the first block alone +\| held +\|", claims)
-    assert re.search(r"\| the first block alone beats the full model \(false\) +\| did not hold +\|", claims)
+    noise = r"( \(not significant: p=[\d.]+\))?"  # two seeds: Welch's t decides whether the gap is noise
+    assert re.search(rf"\| the full model beats the first block alone +\| held{noise} +\|", claims)
+    assert re.search(rf"\| the first block alone beats the full model \(false\) +\| did not hold{noise} +\|", claims)
     assert (out / "curves.png").exists()
     summaries = json.loads((out / "summaries.json").read_text())
     assert [s["seed"] for s in summaries["AllLarge"]] == [0, 1]

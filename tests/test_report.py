@@ -1,61 +1,235 @@
-"""Bench reports: metrics read from run summaries and the three forms of claim checks, by hand."""
+"""Bench reports: metrics read from run summaries, Welch's t-test and the claim checks, on hand-made summaries."""
+
+import json
+import math
 
 import pytest
 
-from hetfl.bench.runner import load_preset, preset_configs, preset_names
-from hetfl.report import check_claim, metric_values
+from hetfl.bench.runner import load_preset, preset_configs, preset_names, run_bench
+from hetfl.cli import DATASET_SHAPES
+from hetfl.errors import HetflError
+from hetfl.methods import build_method
+from hetfl.report import (_comparisons, bench_table, check_claim, metric_values, models_table, seed_cell, t_pvalue,
+                          welch_test)
 
 
-def summary(acc, exit1, best_round, headline="last"):
+def summary(acc, exit1, best_round=10, headline="last", rounds_to_target=None, target=0.0):
     return {"accuracy": acc, "headline": headline, "best_round": best_round, "local_accuracy": None,
+            "rounds_to_target": rounds_to_target, "target_accuracy": target,
             "final": {"global": {"exit1": exit1, "exit2": acc, "ensemble": (acc + exit1) / 2},
                       "level1": {"exit1": exit1, "ensemble": exit1}}}
 
 
-RESULTS = {"A": [summary(0.90, 0.70, 10), summary(0.92, 0.72, 12)],
-           "B": [summary(0.80, 0.75, 20), summary(0.82, 0.77, 22)],
-           "C": [summary(0.85, 0.60, 8), summary(0.85, 0.62, 8)]}
+def runs(*accuracies, exit1=0.5):
+    return [summary(a, exit1) for a in accuracies]
 
 
-def test_metric_values():
+def verdict(claim, results):
+    return check_claim(claim, results)[1]
+
+
+RESULTS = {"A": [summary(0.90, 0.70), summary(0.92, 0.72)],
+           "B": [summary(0.80, 0.75), summary(0.82, 0.77)],
+           "C": [summary(0.85, 0.60), summary(0.85, 0.62)]}
+
+
+def test_metric_values_keep_every_seed():
     assert metric_values(RESULTS["A"], "accuracy") == [0.90, 0.92]
     assert metric_values(RESULTS["A"], "global/exit1") == [0.70, 0.72]
     assert metric_values(RESULTS["A"], "level1/accuracy") == [0.70, 0.72]  # its last exit
     assert metric_values(RESULTS["A"], "global/ensemble") == [pytest.approx(0.80), pytest.approx(0.82)]
-    assert metric_values(RESULTS["A"], "local") == []  # undefined everywhere
+    assert metric_values(RESULTS["A"], "local") == [None, None]  # undefined, not dropped
+    assert metric_values(RESULTS["A"], "level2/accuracy") == [None, None]  # a model not evaluated
 
 
-def test_better_than_every_one_with_noise_flag_and_rounds():
-    text, verdict, measured = check_claim({"claim": "A wins", "better": "A", "worse": ["B", "C"]}, RESULTS)
-    assert verdict == "held" and "A 91.00 ± 1.41" in measured and "B 81.00 ± 1.41" in measured
-    assert check_claim({"better": "B", "worse": "A"}, RESULTS)[1] == "did not hold"
-    # exit1: B 76 vs A 71, gap 5 > std 1.41 -> held, not noisy
-    assert check_claim({"better": "B", "worse": "A", "metric": "global/exit1"}, RESULTS)[1] == "held"
-    # C converges first: lower is better
-    assert check_claim({"better": "C", "worse": "A", "metric": "best_round", "lower_is_better": True},
-                       RESULTS)[1] == "held"
+def test_cells_show_k_of_n_when_a_seed_has_no_value():
+    partial = [summary(0.90, 0.70, rounds_to_target=10, target=0.8), summary(0.92, 0.72, target=0.8),
+               summary(0.94, 0.74, rounds_to_target=14, target=0.8)]
+    del partial[1]["final"]["global"]["exit1"]
+    assert seed_cell(partial, "accuracy") == "92.00 ± 2.00"
+    assert seed_cell(partial, "global/exit1") == "72.00 ± 2.83 (2/3)"
+    assert seed_cell(partial, "rounds_to_target", scale=1.0, digits=1) == "12.0 ± 2.8 (2/3)"
+    assert seed_cell(partial, "local") == "-"
+    table = bench_table({"P": partial})
+    assert "72.00 ± 2.83 (2/3)" in table and "12.0 ± 2.8 (2/3)" in table and "rounds to 80%" in table
+    assert "72.00 ± 2.83 (2/3)" in models_table({"P": partial})  # every table that averages over seeds
+
+
+def test_t_pvalue_against_closed_forms_and_tables():
+    for t in (0.0, 0.3, 1.0, 2.5, 40.0):
+        assert t_pvalue(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-12)  # Cauchy
+        assert t_pvalue(t, 2) == pytest.approx(1 - t / math.sqrt(t * t + 2), abs=1e-12)
+        assert t_pvalue(t, 4) == pytest.approx(1 - t * (t * t + 6) / (t * t + 4) ** 1.5, abs=1e-12)
+        assert t_pvalue(-t, 4) == t_pvalue(t, 4)
+    # two-sided critical values of Student's t tables
+    for t, df, p in [(12.7062, 1, 0.05), (2.7764, 4, 0.05), (2.2281, 10, 0.05), (3.1693, 10, 0.01),
+                     (2.0423, 30, 0.05), (1.95996, 1e7, 0.05)]:
+        assert t_pvalue(t, df) == pytest.approx(p, abs=2e-5)
+    assert t_pvalue(1e-7, 1e6) == pytest.approx(1.0) and t_pvalue(1e-7, 1e6) < 1.0  # no rounding to 1
+
+
+def test_welch_test_by_hand():
+    # equal sizes and variances: t = 0.02 / sqrt(2 * 1e-4 / 3) = sqrt(6), df = 4
+    estimate, p = welch_test([(1, [0.90, 0.91, 0.92]), (-1, [0.88, 0.89, 0.90])])
+    assert estimate == pytest.approx(0.02)
+    t = math.sqrt(6)
+    assert p == pytest.approx(1 - t * (t * t + 6) / (t * t + 4) ** 1.5)  # = 0.0705, the df = 4 closed form
+    # unequal: s^2 = 4e-4 (n 3) and 8.667e-4 (n 4), Welch-Satterthwaite df 4.992; p as scipy.stats.ttest_ind gives it
+    assert welch_test([(1, [0.90, 0.92, 0.94]), (-1, [0.80, 0.85, 0.86, 0.81])])[1] == pytest.approx(0.0048571157)
+    # one sample against a threshold: t = 0.02 / (0.02 / sqrt(3)) = sqrt(3), df = 2
+    estimate, p = welch_test([(1, [0.90, 0.92, 0.94])], offset=0.9)
+    assert estimate == pytest.approx(0.02) and p == pytest.approx(1 - math.sqrt(3) / math.sqrt(5))
+    assert welch_test([(1, [0.9]), (-1, [0.8, 0.82])])[1] is None  # one seed: no noise estimate
+    assert welch_test([(1, [0.9, 0.9]), (-1, [0.8, 0.8])]) == (pytest.approx(0.1), 0.0)  # no spread: exact
+
+
+def test_better_than_every_rival_each_by_welch():
+    text, v, measured = check_claim({"claim": "A wins", "better": "A", "worse": ["B", "C"]}, RESULTS)
+    # A - B: t = 0.1 / sqrt(2e-4 / 2 * 2) = 7.07, df 2 -> p = 0.0194; A - C: t = 0.06 / 0.01 = 6, df 1 -> p = 0.105
+    assert v == "held (not significant: p=0.11)"
+    assert "A 91.00 ± 1.41" in measured and "B 81.00 ± 1.41 (p=0.019)" in measured and "(p=0.11)" in measured
+    assert verdict({"better": "A", "worse": "B"}, RESULTS) == "held"
+    assert verdict({"better": "B", "worse": "A"}, RESULTS) == "did not hold"
     # A's last exit vs B's exit1 (another metric on the worse side): 91 > 76
-    assert check_claim({"better": "A", "worse": "B", "worse_metric": "global/exit1"}, RESULTS)[1] == "held"
-    close = {"X": [summary(0.90, 0, 1), summary(0.80, 0, 1)], "Y": [summary(0.84, 0, 1), summary(0.84, 0, 1)]}
-    assert check_claim({"better": "X", "worse": "Y"}, close)[1] == "held (within seed noise)"
-    # P loses to Q by far and beats R narrowly: a clear loss, not noise
-    mixed = {"P": [summary(0.80, 0, 1), summary(0.82, 0, 1)], "Q": [summary(0.90, 0, 1), summary(0.92, 0, 1)],
-             "R": [summary(0.805, 0, 1), summary(0.815, 0, 1)]}
-    assert check_claim({"better": "P", "worse": ["Q", "R"]}, mixed)[1] == "did not hold"
-    assert check_claim({"better": "Y", "worse": "X"}, close)[1] == "did not hold (within seed noise)"
+    assert verdict({"better": "A", "worse": "B", "worse_metric": "global/exit1"}, RESULTS) == "held"
+    # one worse_metric per rival: A's accuracy against B's exit1 and C's accuracy
+    mixed = {"better": "A", "worse": ["B", "C"], "worse_metric": ["global/exit1", "accuracy"]}
+    assert "B global/exit1 76.00 ± 1.41" in check_claim(mixed, RESULTS)[2]
+    close = {"X": runs(0.90, 0.80), "Y": runs(0.84, 0.84)}
+    p = 1 - 2 / math.pi * math.atan(0.2)  # t = 0.01 / sqrt(0.005 / 2) = 0.2, df 1
+    assert verdict({"better": "X", "worse": "Y"}, close) == f"held (not significant: p={p:.2g})"
+    assert verdict({"better": "Y", "worse": "X"}, close) == f"did not hold (not significant: p={p:.2g})"
+    # P loses to Q by far (p 0.019) and beats R narrowly: one significant loss decides
+    losing = {"P": runs(0.80, 0.82), "Q": runs(0.90, 0.92), "R": runs(0.805, 0.815)}
+    assert verdict({"better": "P", "worse": ["Q", "R"]}, losing) == "did not hold"
+    # several better labels against one worse: every pair is compared, p after each better label;
+    # C - B: t = 0.04 / sqrt(2e-4 / 2) = 4, df 1 -> p = 0.156
+    text, v, measured = check_claim({"better": ["A", "C"], "worse": "B"}, RESULTS)
+    assert v == "held (not significant: p=0.16)" and "A 91.00 ± 1.41 (p=0.019)" in measured
+    assert "C 85.00 ± 0.00 (p=0.16)" in measured and measured.endswith("B 81.00 ± 1.41")
 
 
-def test_threshold_and_gain_claims():
-    assert check_claim({"better": "A", "at_least": 0.9}, RESULTS)[1] == "held"
-    assert check_claim({"better": "B", "at_least": 0.9}, RESULTS)[1] == "did not hold"
-    # A - B = +10 points; C - B = +4: A's gain exceeds C's
-    assert check_claim({"gain": ["A", "B"], "exceeds_gain": ["C", "B"]}, RESULTS)[1] == "held"
-    assert check_claim({"gain": ["C", "B"], "exceeds_gain": ["A", "B"]}, RESULTS)[1] == "did not hold"
+def test_one_seed_says_there_is_no_noise_estimate():
+    one = {"A": runs(0.90), "B": runs(0.80)}
+    assert verdict({"better": "A", "worse": "B"}, one) == "held (one seed: no noise estimate)"
+    assert verdict({"better": "B", "worse": "A"}, one) == "did not hold (one seed: no noise estimate)"
+    assert verdict({"better": "A", "at_least": 0.95}, one) == "did not hold (one seed: no noise estimate)"
+
+
+def test_an_undefined_seed_makes_the_claim_undecided_unless_a_loss_is_significant():
+    results = {"A": runs(0.90, 0.92, 0.94, exit1=0.7), "B": runs(0.80, 0.81, 0.82), "Q": runs(0.99, 0.995, 0.999)}
+    results["A"][1]["final"]["global"].pop("exit1")
+    # exit1 of A is undefined for seed 1: never dropped, whatever the other seeds say
+    claim = {"better": "A", "worse": "B", "metric": "global/exit1", "worse_metric": "accuracy"}
+    text, v, measured = check_claim(claim, results)
+    assert v == "undecided (5 of 6 seeds)" and "A 70.00 ± 0.00 (2/3)" in measured
+    assert verdict({"better": "A", "at_least": 0.5, "metric": "global/exit1"}, results) == "undecided (2 of 3 seeds)"
+    # A loses to Q significantly: the claim fails whatever its undecided comparison (B on A's exit1) would say
+    claim = {"better": "B", "worse": ["Q", "A"], "worse_metric": ["accuracy", "global/exit1"]}
+    assert verdict(claim, results) == "did not hold"
+    assert verdict({"better": "A", "worse": "Nobody"}, results) == "undecided (not run)"
+
+
+def test_threshold_is_a_one_sample_test():
+    three = {"A": runs(0.90, 0.92, 0.94), "B": runs(0.80, 0.81, 0.82)}
+    p = 1 - math.sqrt(3) / math.sqrt(5)  # t = sqrt(3), df 2 (test_welch_test_by_hand)
+    text, v, measured = check_claim({"better": "A", "at_least": 0.9}, three)
+    assert v == f"held (not significant: p={p:.2g})" and measured == f"A 92.00 ± 2.00 against 90 (p={p:.2g})"
+    assert verdict({"better": "A", "at_least": 0.85}, three) == "held"
+    assert verdict({"better": "B", "at_least": 0.9}, three) == "did not hold"
+
+
+def test_gain_is_a_difference_of_differences_with_its_noise():
+    a, b, c, d = [0.90, 0.91, 0.92], [0.80, 0.81, 0.82], [0.85, 0.86, 0.87], [0.80, 0.81, 0.82]
+    claim = {"gain": ["A", "B"], "exceeds_gain": ["C", "D"]}
+    # (10 - 5) points, se^2 = 4 * 1e-4 / 3, df 8: t = 4.33, p = 0.0025 (scipy.stats.t.sf for reference)
+    text, v, measured = check_claim(claim, {"A": runs(*a), "B": runs(*b), "C": runs(*c), "D": runs(*d)})
+    assert v == "held" and measured == "gain +10.00 (A vs B) against +5.00 (C vs D) (p=0.0025)"
+    # the same means with 3x the spread: t = 0.04 / sqrt(1.2e-3) = 1.155, df 8 -> p = 0.28
+    noisy = {"A": runs(0.90, 0.93, 0.96), "B": runs(0.80, 0.83, 0.86), "C": runs(0.86, 0.89, 0.92),
+             "D": runs(0.80, 0.83, 0.86)}
+    assert verdict(claim, noisy) == "held (not significant: p=0.28)"
+    assert verdict({"gain": ["C", "D"], "exceeds_gain": ["A", "B"]}, noisy) == "did not hold (not significant: p=0.28)"
+    # a label on both sides cancels: A - B - (C - B) is the two-sample test of A against C
+    shared = {"gain": ["A", "B"], "exceeds_gain": ["C", "B"]}
+    results = {"A": runs(*a), "B": runs(0.5, 0.7, 0.9), "C": runs(0.88, 0.89, 0.90)}
+    t = math.sqrt(6)  # as in test_welch_test_by_hand: df 4
+    assert verdict(shared, results) == f"held (not significant: p={1 - t * (t * t + 6) / (t * t + 4) ** 1.5:.2g})"
+
+
+def rounds_run(rounds, target=0.7):
+    return {**summary(0.8, 0.5), "rounds_to_target": rounds, "target_accuracy": target}
+
+
+def test_convergence_only_on_a_target_every_compared_run_reaches():
+    claim = {"better": "F", "worse": "S", "metric": "rounds_to_target", "lower_is_better": True}
+    reached = {"F": [rounds_run(r) for r in (10, 12, 14)], "S": [rounds_run(r) for r in (20, 22, 24)]}
+    text, v, measured = check_claim(claim, reached)
+    assert v == "held" and measured.startswith("rounds to 70%: F 12.00 ± 2.00; S 22.00 ± 2.00")
+    # one seed of the slower run never gets there: that is not a win for the other, it is undecided
+    missing = {**reached, "S": [rounds_run(r) for r in (20, None, 24)]}
+    assert verdict(claim, missing) == "undecided (target reached by 5 of 6 runs)"
+    other_target = {**reached, "S": [rounds_run(r, target=0.8) for r in (20, 22, 24)]}
+    assert verdict(claim, other_target) == "undecided (different targets)"
+
+
+def test_a_preset_cannot_decide_on_best_round(tmp_path):
+    preset = tmp_path / "p.toml"
+    text = '[[runs]]\nlabel = "A"\nmethod = "alllarge"\n[[runs]]\nlabel = "B"\nmethod = "allsmall"\n'
+    preset.write_text(text + '[[claims]]\nbetter = "A"\nworse = "B"\nmetric = "best_round"\n')
+    with pytest.raises(HetflError, match="rounds_to_target"):
+        load_preset(str(preset))
+    preset.write_text(text + '[[claims]]\nbetter = ["A"]\nworse = ["B"]\n')
+    with pytest.raises(HetflError, match="both sides"):
+        load_preset(str(preset))
+
+
+def test_report_only_rewrites_the_table_from_saved_summaries(tmp_path):
+    preset = tmp_path / "mini.toml"
+    preset.write_text("""
+title = "mini"
+seeds = [0, 1]
+[base]
+dataset = "digits"
+target_accuracy = 0.5
+[[runs]]
+label = "Fast"
+method = "alllarge"
+[[runs]]
+label = "Slow"
+method = "allsmall"
+[[claims]]
+claim = "Fast reaches the target first"
+better = "Fast"
+worse = "Slow"
+metric = "rounds_to_target"
+lower_is_better = true
+""")
+    out = tmp_path / "out"
+    out.mkdir()
+    curve = lambda first: [[r, 0.6 if r >= first else 0.1] for r in range(1, 11)]  # noqa: E731
+    saved = {label: [{**summary(0.8, 0.5), "seed": seed, "curve": curve(first + seed), "target_accuracy": 0.99,
+                      "rounds_to_target": None} for seed in (0, 1)] for label, first in (("Fast", 2), ("Slow", 6))}
+    (out / "summaries.json").write_text(json.dumps(saved))
+    run_bench(str(preset), out=str(out), runs_dir=str(tmp_path / "runs"), report_only=True)
+    table = (out / "table.md").read_text()
+    # rounds re-read off the curves at the preset's target (0.5), not the saved one (0.99)
+    assert "| Fast reaches the target first | held " in table and "rounds to 50%: Fast 2.50 ± 0.71" in table
+    assert not (tmp_path / "runs").exists()  # nothing trained
 
 
 @pytest.mark.parametrize("name", preset_names())
-def test_every_shipped_preset_validates(name):
-    """Every run of every preset is a valid config, and every claim names runs of its preset."""
+def test_every_shipped_preset_validates_and_its_claims_name_evaluated_models(name):
+    """Every run of every preset is a valid config that its method accepts (as `hetfl run` checks it), and
+    every MODEL/KEY metric of a claim names a model that the run's method evaluates."""
     _, preset = load_preset(name)
     configs = preset_configs(preset, {}, None)
     assert configs and all(cfg.seed in preset["seeds"] for _, _, cfg in configs)
+    models = {}
+    for label, _, cfg in configs:
+        if label not in models:
+            models[label] = set(build_method(cfg, *DATASET_SHAPES[cfg.dataset]).eval_specs())
+    for claim in preset.get("claims", []):
+        for terms, _ in _comparisons(claim):
+            for (label, metric), _ in terms:
+                assert "/" not in metric or metric.split("/")[0] in models[label], (claim.get("claim"), label, metric)

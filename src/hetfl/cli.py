@@ -151,7 +151,7 @@ def cmd_bench(args) -> int:
     overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     out = run_bench(args.preset, out=args.out, runs_dir=args.runs_dir, overrides=overrides, seeds=seeds,
-                    progress=not args.quiet)
+                    progress=not args.quiet, report_only=args.report_only)
     print(f"results written to {out}")
     return 0
 
@@ -271,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", help="torch device")
     bench.add_argument("--model", help="memory: the backbone (default resnet18)")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
+    bench.add_argument("--report-only", action="store_true", help="train nothing: rewrite table.md from the "
+                       "summaries.json in --out (the preset's current claims and targets)")
     bench.set_defaults(fn=cmd_bench)
 
     costs = sub.add_parser("costs", help="params, MACs, bytes, training memory and latency of sub-models",

@@ -1,7 +1,12 @@
-"""Tables for people: the end-of-run summary and the bench's mean ± std Markdown table."""
+"""Tables for people: the end-of-run summary, the bench's mean ± std Markdown tables and its claim checks.
+
+A cell that averages over seeds shows "(k/n)" when only k of the n seeds have a value. A claim is
+decided on every seed, each of its comparisons by a two-sided Welch t-test (see ``check_claim``).
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
 
 
@@ -56,37 +61,38 @@ def headline_accuracy(evaluation: dict, inference: str) -> float | None:
     return evaluation[f"exit{max(exits)}"] if exits else None
 
 
-def metric_values(runs: list[dict], metric: str) -> list[float]:
-    """One value per seed of ``metric``; seeds where it is undefined (a target never reached) are left out.
+def metric_value(summary: dict, metric: str) -> float | None:
+    """``metric`` of one run, None where it is undefined (a target never reached, a model or exit not evaluated).
 
     ``accuracy``: the headline accuracy of the global model; ``MODEL/KEY``: e.g. ``global/exit4``,
     ``level1/ensemble``, ``width0.25/accuracy``; ``local``: local accuracy; ``best_accuracy``,
     ``best_round``, ``rounds_to_target``, ``bytes_down_per_round``, ``wall_seconds``: summary fields.
     """
-    values = []
-    for s in runs:
-        if metric == "accuracy":
-            value = s["accuracy"]
-        elif metric == "local":
-            value = s.get("local_accuracy")
-        elif "/" in metric:
-            model, key = metric.split("/", 1)
-            ev = s["final"].get(model, {})
-            value = headline_accuracy(ev, s["headline"]) if key == "accuracy" else ev.get(key)
-        else:
-            value = s.get(metric)
-        if value is not None:
-            values.append(value)
-    return values
+    if metric == "accuracy":
+        return summary["accuracy"]
+    if metric == "local":
+        return summary.get("local_accuracy")
+    if "/" in metric:
+        model, key = metric.split("/", 1)
+        ev = summary["final"].get(model, {})
+        return headline_accuracy(ev, summary["headline"]) if key == "accuracy" else ev.get(key)
+    return summary.get(metric)
 
 
-def _rounds_cell(runs: list[dict], key: str) -> str:
-    """Mean ± std of a round count over the seeds that have one, and how many do."""
-    values = [s[key] for s in runs if s.get(key) is not None]
-    if not values:
-        return "not reached"
-    cell = mean_std(values, scale=1.0, digits=1)
-    return cell if len(values) == len(runs) else f"{cell} ({len(values)}/{len(runs)})"
+def metric_values(runs: list[dict], metric: str) -> list[float | None]:
+    """One value of ``metric`` per seed, None where it is undefined: no seed is ever left out."""
+    return [metric_value(s, metric) for s in runs]
+
+
+def _k_of_n(cell: str, k: int, n: int) -> str:
+    """``cell`` with '(k/n)' appended when only k of the n seeds have a value."""
+    return cell if k == n else f"{cell} ({k}/{n})"
+
+
+def seed_cell(runs: list[dict], metric: str, scale: float = 100.0, digits: int = 2, missing: str = "-") -> str:
+    """'mean ± std' of ``metric`` over the seeds that have it, '(k/n)' when only k of the n do, else ``missing``."""
+    values = [v for v in metric_values(runs, metric) if v is not None]
+    return _k_of_n(mean_std(values, scale, digits), len(values), len(runs)) if values else missing
 
 
 def bench_table(results: dict[str, list[dict]]) -> str:
@@ -98,15 +104,14 @@ def bench_table(results: dict[str, list[dict]]) -> str:
     has_target = any(s.get("target_accuracy") for runs in results.values() for s in runs)
     rows = []
     for label, runs in results.items():
-        cells = [mean_std(metric_values(runs, "accuracy"))]
-        cells += [mean_std(metric_values(runs, f"global/{c}")) for c in columns]
+        cells = [seed_cell(runs, "accuracy")] + [seed_cell(runs, f"global/{c}") for c in columns]
         if has_local:
-            cells.append(mean_std(metric_values(runs, "local")))
-        cells.append(_rounds_cell(runs, "best_round"))
+            cells.append(seed_cell(runs, "local"))
+        cells.append(seed_cell(runs, "best_round", scale=1.0, digits=1))
         if has_target:
-            cells.append(_rounds_cell(runs, "rounds_to_target"))
-        cells.append(mean_std(metric_values(runs, "bytes_down_per_round"), scale=1e-6))
-        cells.append(mean_std(metric_values(runs, "wall_seconds"), scale=1.0, digits=1))
+            cells.append(seed_cell(runs, "rounds_to_target", scale=1.0, digits=1, missing="not reached"))
+        cells.append(seed_cell(runs, "bytes_down_per_round", scale=1e-6))
+        cells.append(seed_cell(runs, "wall_seconds", scale=1.0, digits=1))
         rows.append([label, str(len(runs))] + cells)
     targets = sorted({s["target_accuracy"] for runs in results.values() for s in runs if s.get("target_accuracy")})
     header = (["method", "seeds", "accuracy (%)"] + [f"{c} (%)" for c in columns]
@@ -116,6 +121,13 @@ def bench_table(results: dict[str, list[dict]]) -> str:
     return format_table(header, rows, markdown=True)
 
 
+def _drop_cell(runs: list[dict], model: str) -> str:
+    """Mean accuracy drop (points) from the global model to ``model`` over the seeds that have both."""
+    pairs = zip(metric_values(runs, "global/accuracy"), metric_values(runs, f"{model}/accuracy"))
+    drops = [g - a for g, a in pairs if g is not None and a is not None]
+    return _k_of_n(f"{100 * statistics.fmean(drops):.2f}", len(drops), len(runs)) if drops else "-"
+
+
 def models_table(results: dict[str, list[dict]], costs: dict[str, dict[str, dict]] | None = None) -> str:
     """Markdown table of every evaluated model of every label (levels, widths): headline accuracy,
     every exit, and with ``costs`` its parameters, MACs, CPU latency and accuracy drop from the global model."""
@@ -123,76 +135,209 @@ def models_table(results: dict[str, list[dict]], costs: dict[str, dict[str, dict
     columns = _exit_columns(evaluations)
     rows = []
     for label, runs in results.items():
-        models = list(runs[0]["final"])
-        global_acc = metric_values(runs, "global/accuracy")
-        for model in models:
-            acc = metric_values(runs, f"{model}/accuracy")
-            cells = [label, model, mean_std(acc)] + [mean_std(metric_values(runs, f"{model}/{c}")) for c in columns]
+        for model in runs[0]["final"]:
+            cells = [label, model, seed_cell(runs, f"{model}/accuracy")]
+            cells += [seed_cell(runs, f"{model}/{c}") for c in columns]
             if costs is not None:
                 c = costs.get(label, {}).get(model)
-                drop = statistics.fmean(global_acc) - statistics.fmean(acc) if acc and global_acc else None
                 cells += ["-"] * 4 if c is None else [
-                    f"{c['params']:,}", f"{c['macs'] / 1e6:,.2f}", f"{c['latency_ms']:.3f}",
-                    "-" if drop is None else f"{100 * drop:.2f}"]
+                    f"{c['params']:,}", f"{c['macs'] / 1e6:,.2f}", f"{c['latency_ms']:.3f}", _drop_cell(runs, model)]
             rows.append(cells)
     header = (["method", "model", "accuracy (%)"] + [f"{c} (%)" for c in columns]
               + (["params", "MMACs/sample", "CPU latency (ms)", "drop vs global (pp)"] if costs is not None else []))
     return format_table(header, rows, markdown=True)
 
 
-def check_claim(claim: dict, results: dict[str, list[dict]]) -> list[str]:
-    """[claim, verdict, measured] for one preset claim, on the means over seeds. Three forms:
+# Seed noise: Welch's t-test, written out (scipy is not a dependency of hetfl).
 
-    * ``better`` beats ``worse`` (a label, or a list: every one of them) on ``metric``
-      (``worse_metric`` for the other side when it differs; ``lower_is_better`` for round counts);
-    * ``better`` reaches ``at_least`` on ``metric``;
-    * the gain ``gain = [A, B]`` (A - B) exceeds the gain ``exceeds_gain = [C, D]``.
+ALPHA = 0.05  # two-sided significance threshold of every comparison a claim makes
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function, by the modified Lentz method."""
+    tiny = 1e-300  # keeps a vanishing denominator from dividing by zero
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 1000):
+        even = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        odd = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        for term in (even, odd):
+            d = 1.0 + term * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + term / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0 or x >= 1.0:
+        return max(0.0, min(1.0, x))
+    if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast only below this point
+        return 1.0 - incomplete_beta(b, a, 1.0 - x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    return math.exp(log_front) * _beta_fraction(a, b, x) / a
+
+
+def t_pvalue(t: float, df: float) -> float:
+    """Two-sided p-value P(|T| >= |t|) of Student's t with ``df`` (possibly fractional) degrees of freedom."""
+    a, x, y = df / 2.0, df / (df + t * t), t * t / (df + t * t)
+    if x > (a + 1.0) / (a + 2.5):  # where I_x(a, 1/2) takes its complement: from y, since 1 - x would round
+        return 1.0 - incomplete_beta(0.5, a, y)
+    return incomplete_beta(a, 0.5, x)
+
+
+def welch_test(terms: list[tuple[float, list[float]]], offset: float = 0.0) -> tuple[float, float | None]:
+    """(estimate, two-sided p) of sum(c * mean(values)) - offset over independent samples (c, values).
+
+    Welch's t: standard error sqrt(sum(c^2 s^2 / n)), Welch-Satterthwaite degrees of freedom. One sample
+    and an offset is the one-sample test against a threshold; +1/-1 the two-sample test; +1/-1/-1/+1 the
+    difference of two differences. p is None when a sample has one value (no noise estimate).
     """
+    estimate = sum(c * statistics.fmean(v) for c, v in terms) - offset
+    if any(len(v) < 2 for _, v in terms):
+        return estimate, None
+    parts = [(c * c * statistics.variance(v) / len(v), len(v)) for c, v in terms]
+    se2 = sum(part for part, _ in parts)
+    if se2 == 0:  # identical seeds on every side: the difference is exact
+        return estimate, 0.0 if estimate else 1.0
+    df = se2 ** 2 / sum(part ** 2 / (n - 1) for part, n in parts)
+    return estimate, t_pvalue(estimate / math.sqrt(se2), df)
+
+
+# Claims.
+
+def as_list(value) -> list:
+    """``value`` if it is a list, else a list of it."""
+    return value if isinstance(value, list) else [value]
+
+
+def _comparisons(claim: dict) -> list[tuple[list[tuple[tuple[str, str], float]], float]]:
+    """Every comparison the claim makes as (terms, offset), terms [((label, metric), coefficient)]: the claim
+    says sum(c * mean) - offset > 0. Better minus worse for every pair; the mean minus ``at_least``; A - B - C + D."""
     metric = claim.get("metric", "accuracy")
-    lower = bool(claim.get("lower_is_better", False))
-    scale = 1.0 if "round" in metric else 100.0
-
-    def values(label, m=metric):
-        return metric_values(results[label], m)
-
-    def mean(label, m=metric):
-        v = values(label, m)
-        return statistics.fmean(v) if v else None
-
-    def std(label, m=metric):
-        v = values(label, m)
-        return statistics.stdev(v) if len(v) > 1 else 0.0
-
-    def shown(label, m=metric):
-        return f"{label} {mean_std(values(label, m), scale=scale)}"
-
-    text = claim.get("claim", "")
     if "gain" in claim:
         (a, b), (c, d) = claim["gain"], claim["exceeds_gain"]
-        means = [mean(x) for x in (a, b, c, d)]
-        measured = f"gain {scale * (means[0] - means[1]):+.2f} ({a} vs {b}); gain {scale * (means[2] - means[3]):+.2f} " \
-                   f"({c} vs {d})" if None not in means else "a metric is missing"
-        if None in means:
-            return [text, "undecided", measured]
-        return [text, "held" if means[0] - means[1] > means[2] - means[3] else "did not hold", measured]
-    best = claim["better"]
+        return [([((a, metric), 1.0), ((b, metric), -1.0), ((c, metric), -1.0), ((d, metric), 1.0)], 0.0)]
     if "at_least" in claim:
-        m = mean(best)
-        verdict = "undecided" if m is None else ("held" if m >= claim["at_least"] else "did not hold")
-        return [text, verdict, f"{shown(best)} (threshold {scale * claim['at_least']:g})"]
-    worse = claim["worse"] if isinstance(claim["worse"], list) else [claim["worse"]]
-    other = claim.get("worse_metric", metric)
-    measured = "; ".join([shown(best)] + [shown(label, other) for label in worse])
-    best_mean = mean(best)
-    rivals = [(mean(label, other), std(label, other)) for label in worse]
-    if best_mean is None or any(m is None for m, _ in rivals):
-        return [text, "undecided (a metric is missing)", measured]
-    beaten = [(best_mean < m) if lower else (best_mean > m) for m, _ in rivals]
-    close = [abs(best_mean - m) <= max(std(best), s) for m, s in rivals]
-    held = all(beaten)
-    # held: is any win within noise? did not hold: is every loss within noise?
-    noisy = any(close) if held else all(c for c, b in zip(close, beaten) if not b)
-    return [text, ("held" if held else "did not hold") + (" (within seed noise)" if noisy else ""), measured]
+        return [([((claim["better"], metric), 1.0)], claim["at_least"])]
+    worse = as_list(claim["worse"])
+    others = as_list(claim.get("worse_metric", metric))
+    others = others * len(worse) if len(others) == 1 else others
+    return [([((b, metric), 1.0), ((w, m), -1.0)], 0.0)
+            for b in as_list(claim["better"]) for w, m in zip(worse, others)]
+
+
+def _merged(terms: list, values: dict) -> list[tuple[float, list[float]]]:
+    """(coefficient, values) per distinct sample: a sample named twice gets the sum (its mean cancels out)."""
+    coefficients: dict = {}
+    for key, c in terms:
+        coefficients[key] = coefficients.get(key, 0.0) + c
+    return [(c, values[key]) for key, c in coefficients.items() if c]
+
+
+def _p(p: float) -> str:
+    """A p-value as shown: two significant digits."""
+    return "p<0.001" if p < 0.001 else f"p={p:.2g}"
+
+
+def _verdict(outcomes: list[tuple[bool, float | None] | None], undecided: str) -> str:
+    """The claim's verdict from its comparisons' (claimed way, p), None for one that could not be made."""
+    tested = [o for o in outcomes if o is not None]
+    if any(not ok and p is not None and p < ALPHA for ok, p in tested):
+        return "did not hold"  # a significant failure decides, whatever the comparisons not made
+    if len(tested) < len(outcomes):
+        return f"undecided ({undecided})"
+    held = all(ok for ok, _ in tested)
+    deciding = [p for ok, p in tested if ok == held]  # every comparison when it held; the failed ones if not
+    word = "held" if held else "did not hold"
+    if None in deciding:
+        return f"{word} (one seed: no noise estimate)"
+    p = max(deciding) if held else min(deciding)
+    return word if p < ALPHA else f"{word} (not significant: {_p(p)})"
+
+
+def check_claim(claim: dict, results: dict[str, list[dict]]) -> list[str]:
+    """[claim, verdict, measured] for one preset claim; every comparison a two-sided Welch t-test over every seed.
+
+    Three forms: ``better`` beats ``worse`` on ``metric`` (one side may be a list: each of it is compared;
+    ``worse_metric``, one or one per worse label, for the other side; ``lower_is_better`` for round
+    counts); ``better`` reaches ``at_least`` on ``metric`` (one-sample test); the gain ``gain = [A, B]``
+    (A - B) exceeds the gain ``exceeds_gain = [C, D]`` (the difference of differences and its combined
+    standard error).
+
+    Verdicts: "did not hold" when a comparison goes against the claim with p < ALPHA. Else, a comparison
+    with a label not run, or a seed where a compared value is undefined, makes the claim "undecided
+    (not run)" or "undecided (k of n seeds)" ("target reached by k of n runs" for rounds to a target,
+    which every compared run must share). Else "held" when every comparison goes the claimed way at
+    p < ALPHA; "held (not significant: p)" when they all go that way but not all significantly (the
+    largest p); "did not hold (not significant: p)" when some go the other way, none significantly (the
+    smallest p); with one seed on a side there is no noise estimate, and the verdict says so.
+    """
+    comparisons = _comparisons(claim)
+    width = max(len(terms) for terms, _ in comparisons)  # every comparison's first sample (better) first
+    samples = list(dict.fromkeys(terms[i][0] for i in range(width) for terms, _ in comparisons if i < len(terms)))
+    values = {key: metric_values(results[key[0]], key[1]) for key in samples if key[0] in results}
+    rounds = any(m == "rounds_to_target" for _, m in samples)
+    if rounds and len({s.get("target_accuracy") for label, _ in samples for s in results.get(label, [])}) > 1:
+        return [claim.get("claim", ""), "undecided (different targets)", _measured(claim, results, samples, [])]
+    sign = -1.0 if claim.get("lower_is_better") else 1.0
+    outcomes = []
+    for terms, offset in comparisons:
+        if any(key not in values or None in values[key] for key, _ in terms):
+            outcomes.append(None)
+            continue
+        estimate, p = welch_test(_merged(terms, values), offset)
+        outcomes.append((sign * estimate >= 0 if "at_least" in claim else sign * estimate > 0, p))
+    n, k = sum(map(len, values.values())), sum(x is not None for v in values.values() for x in v)
+    undecided = ("not run" if len(values) < len(samples)
+                 else f"target reached by {k} of {n} runs" if rounds else f"{k} of {n} seeds")
+    return [claim.get("claim", ""), _verdict(outcomes, undecided), _measured(claim, results, samples, outcomes)]
+
+
+def _measured(claim: dict, results: dict[str, list[dict]], samples: list, outcomes: list) -> str:
+    """The measured column: every compared sample (mean ± std), each comparison's p after the sample it tests
+    (the rival; the better label when there are several), or the threshold, or the two gains."""
+    metric = claim.get("metric", "accuracy")
+    scale = 1.0 if "round" in metric else 100.0
+
+    def cell(label, m):
+        if label not in results:
+            return f"{label} not run"
+        return f"{label}{'' if m == metric else f' {m}'} {seed_cell(results[label], m, scale, missing='undefined')}"
+
+    notes = [f" ({_p(o[1])})" if o is not None and o[1] is not None else "" for o in outcomes] or [""]
+    prefix = ""
+    if metric == "rounds_to_target":
+        targets = sorted({s.get("target_accuracy") or 0 for label, _ in samples for s in results.get(label, [])})
+        prefix = f"rounds to {'/'.join(f'{100 * t:g}' for t in targets)}%: "
+    if "at_least" in claim:
+        return f"{prefix}{cell(claim['better'], metric)} against {scale * claim['at_least']:g}{notes[0]}"
+    if "gain" in claim and outcomes and outcomes[0] is not None:
+        mean = {label: scale * statistics.fmean(metric_values(results[label], metric)) for label, _ in samples}
+        (a, b), (c, d) = claim["gain"], claim["exceeds_gain"]
+        return f"gain {mean[a] - mean[b]:+.2f} ({a} vs {b}) against {mean[c] - mean[d]:+.2f} ({c} vs {d}){notes[0]}"
+    several = len(as_list(claim.get("better"))) > 1
+    tested = {terms[0 if several else 1][0]: note for (terms, _), note in zip(_comparisons(claim), notes)}
+    return prefix + "; ".join(cell(*key) + tested.get(key, "") for key in samples)
+
+
+CLAIM_RULE = (
+    f"Every comparison a claim makes is a two-sided Welch t-test over the seeds (unequal variances, "
+    f"Welch-Satterthwaite degrees of freedom), significant at p < {ALPHA:g}: better against each rival (two "
+    "samples), a threshold (one sample), a gain against a gain (the difference of the differences, with the "
+    "combined standard error of the four means). \"held\": every comparison goes the claimed way and is "
+    "significant; \"held (not significant: p)\": they all go that way, the largest p shown. \"did not hold\": "
+    "one goes the other way significantly (whatever the others); \"did not hold (not significant: p)\": some "
+    "go the other way, none significantly (the smallest p shown). With one seed there is no noise estimate and "
+    "the verdict says so. A seed where a compared value is undefined is never dropped: short of a significant "
+    "failure the claim is \"undecided (k of n seeds)\", or \"undecided (not run)\" for a run missing from "
+    "the results. Convergence is compared as rounds to the target accuracy of the table, which every seed of "
+    "every compared run must reach (else \"undecided (target reached by k of n runs)\"), never on the best round.")
 
 
 def bench_report(preset: dict, results: dict[str, list[dict]], command: str, models: bool = False,
@@ -206,13 +351,11 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
     if preset.get("claims"):
         rows = [check_claim(c, results) for c in preset["claims"]]
         parts += ["## Claims checked", format_table(["claim", "verdict", "measured (mean ± std over seeds)"],
-                                                    rows, markdown=True),
-                  "A claim holds when the mean over seeds is better; \"within seed noise\" when the gap is "
-                  "not larger than the larger of the two standard deviations."]
-    parts.append(f"Accuracy in % on the test set, mean ± std over seeds {seeds}. \"accuracy\" is the "
-                 "method's own prediction (the last exit, or the ensemble = mean of the exits' logits); "
-                 "\"best round\" is the round of the best accuracy; traffic is the mean over rounds of the "
-                 "bytes sent to clients." + (" With one seed there is no estimate of seed noise: read gaps "
-                                             "of a point or less as undecided." if len(seeds) == 1 else ""))
+                                                    rows, markdown=True), CLAIM_RULE]
+    parts.append(f"Accuracy in % on the test set, mean ± std over seeds {seeds}; a cell marked (k/n) averages "
+                 "the k of n seeds where the value is defined. \"accuracy\" is the method's own prediction (the "
+                 "last exit, or the ensemble = mean of the exits' logits); \"best round\" is the round of the best "
+                 "accuracy (capped by the horizon, so no claim is decided on it); traffic is the mean over rounds "
+                 "of the bytes sent to clients.")
     parts.append(f"Regenerate: `{command}`")
     return "\n\n".join(p for p in parts if p) + "\n"

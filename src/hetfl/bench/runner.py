@@ -9,10 +9,15 @@ A preset is a TOML file:
   (the levels' and widths' sub-models), ``costs = true`` adds their parameters, MACs and CPU
   latency to it, measured one after the other in this process;
 * ``[[claims]]`` (optional): a paper's claim checked on the results: ``claim`` (text) and one of
-  ``better`` + ``worse`` (labels; a list for "better than every one of"), ``better`` +
+  ``better`` + ``worse`` (labels; a list on one side for "every one of"), ``better`` +
   ``at_least`` (a threshold), or ``gain`` + ``exceeds_gain`` (two pairs of labels); ``metric``
-  (default ``accuracy``, see ``report.metric_values``), ``worse_metric``, ``lower_is_better``
-  (``report.check_claim``).
+  (default ``accuracy``, see ``report.metric_value``), ``worse_metric`` (one, or one per worse
+  label), ``lower_is_better`` (``report.check_claim``). Convergence is claimed on
+  ``rounds_to_target`` (the runs' ``target_accuracy``), never on ``best_round``.
+
+``hetfl bench PRESET --report-only`` rewrites ``table.md`` from the ``summaries.json`` already in the
+results folder (the preset's current claims and targets, rounds re-read off the saved curves),
+training nothing.
 
 Run folders are named by the method and a hash of the resolved config, in one folder shared by
 all presets (default ``runs/bench``): a run that two presets share is trained once, a finished
@@ -36,7 +41,7 @@ from ..config import Config
 from ..methods import config_from, load_config
 from ..errors import HetflError
 from ..plots import plot_curves
-from ..report import bench_report, rounds_to_target
+from ..report import as_list, bench_report, rounds_to_target
 from ..rundir import RunDirBusy
 from ..sim import Simulation
 
@@ -71,17 +76,26 @@ def load_preset(name_or_path: str) -> tuple[str, dict]:
         raise HetflError(f"bench preset {name_or_path} has no [[runs]] entries")
     labels = [entry.get("label") or entry.get("method", "run") for entry in preset["runs"]]
     for claim in preset.get("claims", []):
-        named = [claim[k] for k in ("better",) if k in claim]
-        named += [x for k in ("worse", "gain", "exceeds_gain") if k in claim for x in _as_list(claim[k])]
-        missing = [x for x in named if x not in labels]
-        if missing:
-            raise HetflError(f"bench preset {name_or_path}: claim '{claim.get('claim', '')}' names run(s) "
-                             f"{missing} that the preset does not have; its runs: {', '.join(labels)}")
+        problem = _claim_problem(claim, labels)
+        if problem:
+            raise HetflError(f"bench preset {name_or_path}: claim '{claim.get('claim', '')}' {problem}")
     return name, preset
 
 
-def _as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
+def _claim_problem(claim: dict, labels: list[str]) -> str | None:
+    """Why a claim cannot be checked on runs named ``labels``, or None."""
+    named = [x for k in ("better", "worse", "gain", "exceeds_gain") if k in claim for x in as_list(claim[k])]
+    missing = [x for x in named if x not in labels]
+    if missing:
+        return f"names run(s) {missing} that the preset does not have; its runs: {', '.join(labels)}"
+    if "best_round" in [claim.get("metric"), *as_list(claim.get("worse_metric", []))]:
+        return ("is decided on best_round, which the horizon caps: claim convergence on rounds_to_target, with a "
+                "target_accuracy that every compared run reaches")
+    if isinstance(claim.get("better"), list) and isinstance(claim.get("worse"), list):
+        return "has lists on both sides: give one label on one side"
+    if len(as_list(claim.get("worse_metric", []))) not in (0, 1, len(as_list(claim.get("worse", [])))):
+        return "needs one worse_metric, or one per worse label"
+    return None
 
 
 # where a run is written, what its report looks for, and how often it checkpoints by the clock (which never
@@ -123,10 +137,14 @@ def finished_run(runs_root: Path, cfg: Config) -> dict | None:
     for folder in sorted(runs_root.glob(f"*-{config_key(cfg)}-s{cfg.seed}")):
         if (folder / "summary.json").exists() and (folder / "config.json").exists():
             if same_run(load_config(folder / "config.json"), cfg):
-                summary = json.loads((folder / "summary.json").read_text())
-                return {**summary, "target_accuracy": cfg.target_accuracy,
-                        "rounds_to_target": rounds_to_target(summary["curve"], cfg.target_accuracy)}
+                return at_target(json.loads((folder / "summary.json").read_text()), cfg)
     return None
+
+
+def at_target(summary: dict, cfg: Config) -> dict:
+    """``summary`` with the target and the rounds to it of ``cfg``, read off the summary's curve."""
+    return {**summary, "target_accuracy": cfg.target_accuracy,
+            "rounds_to_target": rounds_to_target(summary["curve"], cfg.target_accuracy)}
 
 
 def run_one(cfg: Config, progress: bool) -> dict:
@@ -167,16 +185,46 @@ def run_lock(cfg: Config, wait: bool):
 
 
 def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = None,
-              overrides: dict | None = None, seeds: list[int] | None = None, progress: bool = True) -> Path:
+              overrides: dict | None = None, seeds: list[int] | None = None, progress: bool = True,
+              report_only: bool = False) -> Path:
     """Run a preset; returns the results folder holding table.md, summaries.json and curves.png.
 
     Runs another process is training are put off to the end (then waited for), so several
-    processes can work through the same presets together.
+    processes can work through the same presets together. ``report_only``: train nothing, rewrite
+    table.md from the folder's summaries.json.
     """
     name, preset = load_preset(name_or_path)
     runs_root = Path(runs_dir or Path("runs") / "bench")
     configs = [(label, seed, cfg.replace(out=str(runs_root), name=f"{cfg.method}-{config_key(cfg)}-s{seed}"))
                for label, seed, cfg in preset_configs(preset, overrides or {}, seeds)]
+    out_dir = Path(out or Path("results") / name)
+    if report_only:
+        results = saved_results(out_dir / "summaries.json", configs)
+    else:
+        results = _train(name, configs, runs_root, progress)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "summaries.json").write_text(json.dumps(results, indent=1) + "\n")
+        plot_curves({label: [s["curve"] for s in runs] for label, runs in results.items()},
+                    out_dir / "curves.png", title=preset.get("title", name))
+    resolved: dict[str, Config] = {}
+    for label, _, cfg in configs:
+        if label in results:
+            resolved.setdefault(label, cfg)
+    options = preset.get("report", {})
+    costs = _model_costs(resolved) if options.get("costs") else None
+    command = " ".join([f"hetfl bench {name_or_path}", *([f"--out {out}"] if out else []),
+                        *([f"--seeds {','.join(map(str, seeds))}"] if seeds else []),
+                        *(f"--{k} {v}" for k, v in (overrides or {}).items())])
+    report = bench_report(preset, results, command, models=options.get("models", False) or costs is not None,
+                          costs=costs)
+    (out_dir / "table.md").write_text(report)
+    print(report)
+    return out_dir
+
+
+def _train(name: str, configs: list[tuple[str, int, Config]], runs_root: Path,
+           progress: bool) -> dict[str, list[dict]]:
+    """The summaries of every (label, seed) run, by label: each trained, resumed or reused."""
     summaries: dict[int, dict] = {}
     for wait in (False, True):
         for i, (label, seed, cfg) in enumerate(configs):
@@ -188,25 +236,22 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
                           flush=True)
                     summaries[i] = run_one(cfg, progress)
     results: dict[str, list[dict]] = {}
-    resolved: dict[str, Config] = {}
-    for i, (label, _, cfg) in enumerate(configs):
+    for i, (label, _, _) in enumerate(configs):
         results.setdefault(label, []).append(summaries[i])
-        resolved.setdefault(label, cfg)
-    out_dir = Path(out or Path("results") / name)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    options = preset.get("report", {})
-    costs = _model_costs(resolved) if options.get("costs") else None
-    command = " ".join([f"hetfl bench {name_or_path}", *([f"--out {out}"] if out else []),
-                        *([f"--seeds {','.join(map(str, seeds))}"] if seeds else []),
-                        *(f"--{k} {v}" for k, v in (overrides or {}).items())])
-    report = bench_report(preset, results, command, models=options.get("models", False) or costs is not None,
-                          costs=costs)
-    (out_dir / "table.md").write_text(report)
-    (out_dir / "summaries.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot_curves({label: [s["curve"] for s in runs] for label, runs in results.items()},
-                out_dir / "curves.png", title=preset.get("title", name))
-    print(report)
-    return out_dir
+    return results
+
+
+def saved_results(path: Path, configs: list[tuple[str, int, Config]]) -> dict[str, list[dict]]:
+    """The saved summaries of the preset's (label, seed)s that ``path`` (a summaries.json) holds, by label, their
+    rounds to target re-read off their curves at the preset's targets; labels or seeds it lacks are left out."""
+    if not path.exists():
+        raise HetflError(f"--report-only rewrites a report from {path}, which does not exist: run the bench first")
+    saved = {(label, s["seed"]): s for label, runs in json.loads(path.read_text()).items() for s in runs}
+    results: dict[str, list[dict]] = {}
+    for label, seed, cfg in configs:
+        if (s := saved.get((label, seed))) is not None:
+            results.setdefault(label, []).append(at_target(s, cfg))
+    return results
 
 
 def _model_costs(resolved: dict[str, Config]) -> dict[str, dict[str, dict]]:
