@@ -68,13 +68,28 @@ def test_static_bn_uses_statistics_of_the_given_data():
     bn = nn.BatchNorm1d(3, track_running_stats=False)
     model = nn.Sequential(bn)
     x = torch.randn(50, 3) * 2 + 1
-    with static_batchnorm(model, x, batch_size=50):
+    with static_batchnorm(model, x):
         assert not model.training
         out = model(torch.ones(1, 3))
         mean, var = x.mean(0), x.var(0, unbiased=True)
         assert torch.allclose(out, (1 - mean) / torch.sqrt(var + bn.eps) * bn.weight + bn.bias, atol=1e-5)
     assert bn.running_mean is None and not bn.track_running_stats  # batch statistics again afterwards
     assert torch.allclose(model.train()(x).mean(0), torch.zeros(3), atol=1e-5)
+
+
+def test_static_bn_pools_exact_statistics_over_several_chunks():
+    """Chunks of different means: the pooled variance holds the spread between them (an average of the
+    chunks' variances would not), and it does not depend on the chunk size."""
+    bn = nn.BatchNorm2d(2, track_running_stats=False)
+    x = torch.cat([torch.randn(7, 2, 3, 3) - 4, torch.randn(7, 2, 3, 3) + 4])  # two chunks of 7, means -4 and 4
+    with static_batchnorm(nn.Sequential(bn), x, chunk=7):
+        mean, var = bn.running_mean.clone(), bn.running_var.clone()
+    flat = x.transpose(0, 1).reshape(2, -1).double()
+    assert torch.allclose(mean.double(), flat.mean(1), atol=1e-6)
+    assert torch.allclose(var.double(), flat.var(1, unbiased=True), rtol=1e-5)
+    assert var.min() > 10  # ~1 within a chunk + 16 between them
+    with static_batchnorm(nn.Sequential(bn), x, chunk=3):
+        assert torch.allclose(bn.running_var, var, rtol=1e-5)
 
 
 def make(method_cls, **cfg):
@@ -121,4 +136,4 @@ def test_static_bn_on_a_seeded_subset(tiny_cfg):
     a = Simulation(tiny_cfg(method="heterofl", static_bn_samples=100))
     b = Simulation(tiny_cfg(method="heterofl", static_bn_samples=100))
     assert len(a.x_bn) == 100 and torch.equal(a.x_bn, b.x_bn)
-    assert len(Simulation(tiny_cfg(method="heterofl")).x_bn) == len(a.x_train)  # 0 = all training samples
+    assert len(Simulation(tiny_cfg(method="heterofl", static_bn_samples=0)).x_bn) == len(a.x_train)  # 0 = all

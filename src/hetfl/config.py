@@ -67,8 +67,8 @@ class Config:
     proportions: list[float] = opt([], "share of clients per level, smallest level first (default equal), e.g. 1,2,7")
     widths: list[float] = opt([], "width-scaling methods: width ratio per level, smallest first (default l/levels)")
     scaler: bool = opt(False, "HeteroFL's Scaler: divide activations by the width ratio in training")
-    static_bn: bool = opt(False, "recompute BatchNorm statistics on the training data before evaluation (sBN)")
-    static_bn_samples: int = opt(0, "static BN: a seeded subset of this many training samples (0 = all of them)")
+    static_bn_samples: int = opt(10000, "BatchNorm models are evaluated with static statistics (HeteroFL's sBN) of "
+                                 "a seeded subset of this many training samples (0 = all of them)")
     # federated rounds
     rounds: int = opt(30, "communication rounds")
     client_fraction: float = opt(0.1, "fraction of clients sampled per round, in (0, 1]")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -85,7 +84,7 @@ class Simulation:
         self.dataset = dataset
         self.x_train, self.y_train = dataset.x_train.to(self.device), dataset.y_train.to(self.device)
         self.x_test, self.y_test = dataset.x_test.to(self.device), dataset.y_test.to(self.device)
-        self.x_bn = self.x_train  # what static BN recomputes its statistics on
+        self.x_bn = self.x_train  # what static BN computes its statistics on
         if cfg.static_bn_samples and cfg.static_bn_samples < len(self.x_train):
             subset = torch.randperm(len(self.x_train), generator=torch_generator(cfg.seed, "static-bn"))
             self.x_bn = self.x_train[subset[:cfg.static_bn_samples].to(self.device)]
@@ -224,11 +223,8 @@ class Simulation:
         return out, (sum(accuracies) / len(accuracies) if accuracies else None)
 
     def _statistics(self, model):
-        """Evaluation mode, with BatchNorm statistics recomputed on the training data when ``static_bn``."""
-        if self.cfg.static_bn:
-            return static_batchnorm(model, self.x_bn, self.cfg.eval_batch_size)
-        model.eval()
-        return nullcontext(model)
+        """Evaluation mode with static BatchNorm statistics of the training data (one rule for every method)."""
+        return static_batchnorm(model, self.x_bn)
 
     # ---- the loop ---------------------------------------------------------------------
     def run(self, progress: bool = True, stop_after: int | None = None) -> dict:

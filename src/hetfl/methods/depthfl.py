@@ -16,10 +16,10 @@ Algorithm 1 as hetfl runs it:
 
 "DepthFL (FedAvg)" (Table 2, Table 3) is the same without FedDyn and without self-distillation.
 
-The paper is silent on BatchNorm; hetfl's backbones normalise with batch statistics (no running
-buffers, as ScaleFL's and HeteroFL's code do), in evaluation too (batches of ``eval_batch_size``
-test samples), unless ``static_bn`` recomputes the statistics on the training data first. The
-paper's hyper-parameters (Table 13: SGD lr 0.1 x 0.998^t, no momentum, weight decay 1e-3, B = 64,
+The paper is silent on BatchNorm; hetfl's backbones normalise with batch statistics in training
+(no running buffers, as ScaleFL's and HeteroFL's code do) and every method is evaluated with static
+statistics of the training data (``evaluate.static_batchnorm``), never with test-batch statistics.
+The paper's hyper-parameters (Table 13: SGD lr 0.1 x 0.998^t, no momentum, weight decay 1e-3, B = 64,
 E = 5, alpha = 0.1) are the preset ``depthfl-paper``; the CPU benches use fewer local steps.
 """
 

@@ -5,7 +5,7 @@
   -> ``plan`` with ``scaling = width``; every tensor is the leading corner of the global one.
 * Sec. 3.1 - aggregation: each element averaged over the clients that hold it -> ``MaskedMean``.
 * Sec. 3.2 - Scaler (``scaler``: activations divided by r_j in training) and static BN
-  (``static_bn``: statistics recomputed on the training data before inference).
+  (statistics computed on the training data before inference: hetfl's rule for every method).
 * Inference: the full-width model's classifier; every width is also evaluated ("global sub-models").
 
 SHeteroFL: a client also trains every smaller width it can afford, as in slimmable networks: the
@@ -23,7 +23,7 @@ from .base import Method
 class HeteroFL(Method):
     name = "heterofl"
     summary = "width-scaled sub-models (leading channels of every layer), element-wise averaging (HeteroFL)"
-    defaults = {"scaling": "width", "train_exits": "last", "scaler": True, "static_bn": True,
+    defaults = {"scaling": "width", "train_exits": "last", "scaler": True,
                 "aggregation_weights": "uniform"}
     scalings = ("width",)
 
