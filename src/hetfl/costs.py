@@ -11,7 +11,9 @@ For a model family and a ``SubModel`` spec:
   for the backward pass (measured with saved-tensor hooks, each storage counted once, parameters
   excluded) + parameters + gradients + the SGD momentum buffer. It is what the step must keep
   alive, not the allocator's peak.
-* ``latency_ms``: median CPU time of a single-sample forward pass (eval mode, no autograd).
+* ``latency_ms`` (and its interquartile range ``latency_iqr_ms``): median CPU time of a
+  single-sample forward pass (eval mode, no autograd) on one pinned thread, after a warm-up,
+  measured round-robin with the other sub-models of the same table (``cost_rows``).
 
 A client's budget is expressed in these units, and a method fits the largest candidate
 sub-model whose cost is within it (``devices.fit_largest``). Measurements run on the CPU with
@@ -44,7 +46,6 @@ class Cost:
     bytes_up: int
     train_memory: int
     activation_bytes: int
-    latency_ms: float | None = None
 
 
 def count_params(module: nn.Module) -> int:
@@ -78,18 +79,35 @@ def saved_activation_bytes(module: nn.Module, x: torch.Tensor, y: torch.Tensor) 
     return sum(seen.values())
 
 
-def inference_latency_ms(module: nn.Module, input_shape: tuple[int, ...], repeats: int = 20) -> float:
-    """Median milliseconds of a single-sample forward pass (eval mode, no autograd), after a warm-up."""
-    module.eval()
+def latencies_ms(modules: list[nn.Module], input_shape: tuple[int, ...], seconds: float = 0.3,
+                 min_repeats: int = 30) -> list[tuple[float, float]]:
+    """(median, interquartile range) in ms of a single-sample forward pass of each module (eval mode, no
+    autograd), measured on one pinned thread after a warm-up, round-robin over the modules so that the
+    machine's noise falls on all of them alike; each gets ``min_repeats`` passes and ``seconds`` of time."""
     x = torch.randn(1, *input_shape, generator=torch.Generator().manual_seed(0))
-    times = []
-    with torch.no_grad():
-        module(x)
-        for _ in range(repeats):
-            start = time.perf_counter()
-            module(x)
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in modules]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a device runs one request on its own; threads add scheduling noise
+    try:
+        with torch.no_grad():
+            for module in modules:
+                module.eval()
+                for _ in range(5):  # warm-up: allocator, oneDNN primitive caches
+                    module(x)
+            spent = 0.0
+            while min(len(t) for t in times) < min_repeats or spent < seconds * len(modules):
+                for module, log in zip(modules, times):
+                    start = time.perf_counter()
+                    module(x)
+                    log.append((time.perf_counter() - start) * 1e3)
+                    spent += log[-1] / 1e3
+    finally:
+        torch.set_num_threads(threads)
+    out = []
+    for log in times:
+        q1, median, q3 = statistics.quantiles(log, n=4)
+        out.append((median, q3 - q1))
+    return out
 
 
 def build(family: ModelFamily, spec: SubModel) -> nn.Module:
@@ -99,8 +117,7 @@ def build(family: ModelFamily, spec: SubModel) -> nn.Module:
 
 
 @lru_cache(maxsize=512)
-def measure(family: ModelFamily, spec: SubModel, batch_size: int = 32, momentum: bool = True,
-            latency: bool = False, repeats: int = 20) -> Cost:
+def measure(family: ModelFamily, spec: SubModel, batch_size: int = 32, momentum: bool = True) -> Cost:
     """The cost of ``spec`` cut from ``family`` (cached per process)."""
     model = build(family, spec)
     params = count_params(model)
@@ -111,8 +128,7 @@ def measure(family: ModelFamily, spec: SubModel, batch_size: int = 32, momentum:
     y = torch.randint(0, family.num_classes, (batch_size,), generator=g)
     activations = saved_activation_bytes(model, x, y)
     return Cost(params=params, macs=count_macs(model, family.input_shape), bytes_down=wire, bytes_up=wire,
-                train_memory=activations + param_bytes * (3 if momentum else 2), activation_bytes=activations,
-                latency_ms=inference_latency_ms(model, family.input_shape, repeats) if latency else None)
+                train_memory=activations + param_bytes * (3 if momentum else 2), activation_bytes=activations)
 
 
 def component_costs(family: ModelFamily, width: float, unit: str) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
@@ -154,9 +170,14 @@ def describe_spec(spec: SubModel) -> str:
 
 def cost_rows(family: ModelFamily, specs: dict[str, SubModel], batch_size: int = 32,
               latency: bool = True) -> list[dict]:
-    """One JSON-able dict per sub-model: its label, spec and measured cost."""
-    return [{"label": label, "spec": spec.to_dict(), **asdict(measure(family, spec, batch_size, latency=latency))}
-            for label, spec in specs.items()]
+    """One JSON-able dict per sub-model: its label, spec, measured cost and (with ``latency``) its latency."""
+    rows = [{"label": label, "spec": spec.to_dict(), **asdict(measure(family, spec, batch_size)),
+             "latency_ms": None, "latency_iqr_ms": None} for label, spec in specs.items()]
+    if latency:
+        timed = latencies_ms([build(family, spec) for spec in specs.values()], family.input_shape)
+        for row, (median, iqr) in zip(rows, timed):
+            row["latency_ms"], row["latency_iqr_ms"] = median, iqr
+    return rows
 
 
 def cost_table(rows: list[dict], full: dict | None = None) -> str:
@@ -164,8 +185,8 @@ def cost_table(rows: list[dict], full: dict | None = None) -> str:
     from .report import format_table
 
     full = full or rows[-1]
-    header = ["sub-model", "params", "MACs", "MACs ratio", "MB down", "MB up", "train MB", "latency ms"]
+    header = ["sub-model", "params", "MACs", "MACs ratio", "MB down", "MB up", "train MB", "latency ms (IQR)"]
     body = [[r["label"], f"{r['params']:,}", f"{r['macs'] / 1e6:,.2f}M", f"{r['macs'] / full['macs']:.3f}",
              f"{r['bytes_down'] / 1e6:.2f}", f"{r['bytes_up'] / 1e6:.2f}", f"{r['train_memory'] / 1e6:.1f}",
-             "-" if r["latency_ms"] is None else f"{r['latency_ms']:.2f}"] for r in rows]
+             "-" if r["latency_ms"] is None else f"{r['latency_ms']:.3f} ({r['latency_iqr_ms']:.3f})"] for r in rows]
     return format_table(header, body)
