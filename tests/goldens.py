@@ -28,7 +28,7 @@ CASES = {
     "exclusivefl-feddyn-kd": dict(method="exclusivefl", server_opt="feddyn", kd_weight=1.0, inference="ensemble"),
     "decoupled-dynamic": dict(method="decoupled", scenario="dynamic"),
     "depthfl": dict(method="depthfl"),
-    "depthfl-dynamic-ramp": dict(method="depthfl", scenario="dynamic", kd_ramp_rounds=2),
+    "depthfl-dynamic-ramp": dict(method="depthfl", scenario="dynamic", kd_ramp=2 / 3),
     "depthfl-memory-budget": dict(method="depthfl", budget="memory"),
     "depthfl-fedavg-maximum": dict(method="depthfl-fedavg", scenario="maximum"),
     "inclusivefl-vit-md": dict(method="inclusivefl", model="vit", model_width=1.0, levels=3, md_beta=0.2,

@@ -42,10 +42,10 @@ def test_mutual_kd_is_zero_for_one_exit_and_for_equal_exits():
 
 
 def test_kd_ramp_follows_the_authors_consistency_rampup():
-    kd = MutualKD(kd_weight=2.0, kd_ramp_rounds=300)
-    assert kd.kd_weight_at(150) == pytest.approx(2.0 * math.exp(-5 * 0.5 ** 2))
-    assert kd.kd_weight_at(300) == kd.kd_weight_at(1000) == 2.0
-    assert MutualKD(kd_weight=0.7).kd_weight_at(1) == 0.7
+    kd = MutualKD(kd_weight=2.0, kd_ramp=0.3)  # over the first 300 of 1000 rounds, or 30 of 100
+    assert kd.kd_weight_at(150, 1000) == kd.kd_weight_at(15, 100) == pytest.approx(2.0 * math.exp(-5 * 0.5 ** 2))
+    assert kd.kd_weight_at(300, 1000) == kd.kd_weight_at(1000, 1000) == 2.0
+    assert MutualKD(kd_weight=0.7).kd_weight_at(1, 10) == 0.7
 
 
 def test_per_depth_averaging_counts():

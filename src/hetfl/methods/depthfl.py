@@ -5,9 +5,8 @@ Algorithm 1 as hetfl runs it:
 * Sec. 3.1 - a client of capability d_k trains W_g[:d_k]: the first d_k blocks and their d_k
   exit classifiers ("bottleneck layers")                                   -> ``plan``
 * Eq. (1) - local objective: sum_i CE_i + 1/(d_k - 1) sum_i sum_{j!=i} KL(p_j || p_i), teachers
-  detached, T = 1; the weight can be ramped by ``kd_ramp_rounds`` (Table 13: a 300-round
-  consistency ramp over 1000 rounds; off by default, since over a few dozen rounds such a ramp
-  leaves KD all but off)                                                   -> ``recipe``
+  detached, T = 1; the weight ramps up over the first ``kd_ramp`` = 30% of the rounds (the
+  authors' code: a 300-round consistency ramp over 1000 rounds, scaled to the run)  -> ``recipe``
 * Eq. (2), (3) - FedDyn penalty with grad L_k(theta_k) kept in global shape; only its [:d_k]
   slice is used and updated                                                -> ``client.client_update``
 * server - h and theta per element, averaged over the clients that hold it
@@ -35,7 +34,8 @@ class DepthFL(Method):
     scalings = ("depth",)
     Options = MutualKD
     # Alg. 1 averages every block uniformly over the clients holding it (1/|P_t^{d_k >= d_i}|)
-    defaults = {"server_opt": "feddyn", "kd_weight": 1.0, "inference": "ensemble", "aggregation_weights": "uniform"}
+    defaults = {"server_opt": "feddyn", "kd_weight": 1.0, "kd_ramp": 0.3, "inference": "ensemble",
+                "aggregation_weights": "uniform"}
 
     def plan(self, client, budget, round_index) -> SubModel:
         """The first d_k blocks and their exits, d_k the deepest cut the client's budget affords this round."""
@@ -43,10 +43,10 @@ class DepthFL(Method):
 
     def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
         """Eq. (1): the CEs of the client's exits + the mutual KD among them, at this round's weight."""
-        return LossRecipe("exits_ce", kd_weight=self.options.kd_weight_at(round_index))
+        return LossRecipe("exits_ce", kd_weight=self.options.kd_weight_at(round_index, self.cfg.rounds))
 
 
 class DepthFLFedAvg(DepthFL):
     name = "depthfl-fedavg"
     summary = "DepthFL without FedDyn and without self-distillation (DepthFL Table 2's 'DepthFL (FedAvg)')"
-    defaults = {**DepthFL.defaults, "server_opt": "fedavg", "kd_weight": 0.0}
+    defaults = {**DepthFL.defaults, "server_opt": "fedavg", "kd_weight": 0.0, "kd_ramp": 0.0}

@@ -61,7 +61,7 @@ class ExclusiveFL(Method):
 
     def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
         """The loss of the method it is compared with: CE over the exits (+ DepthFL Eq. (1)'s mutual KD)."""
-        return LossRecipe("exits_ce", kd_weight=self.options.kd_weight_at(round_index))
+        return LossRecipe("exits_ce", kd_weight=self.options.kd_weight_at(round_index, self.cfg.rounds))
 
     def eval_specs(self):
         return {"global": self.global_spec()}

@@ -28,16 +28,20 @@ class MutualKD(NoOptions):
     """DepthFL Eq. (1)'s mutual self-distillation among the exits, and its ramp-up."""
 
     kd_weight: float = opt(0.0, "weight of the mutual self-distillation among exits, DepthFL Eq. (1) (0 = off)")
-    kd_ramp_rounds: int = opt(0, "ramp the KD weight by exp(-5 (1 - t/R)^2) over the first R rounds (0 = none)")
+    kd_ramp: float = opt(0.0, "ramp the KD weight by exp(-5 (1 - t/R)^2) over the first R = kd_ramp x rounds "
+                              "rounds, a fraction in [0, 1] (DepthFL: 0.3, its 300 of 1000 rounds; 0 = no ramp)")
 
     def check(self, cfg) -> None:
-        for name in ("kd_weight", "kd_ramp_rounds"):
-            if getattr(self, name) < 0:
-                raise HetflError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.kd_weight < 0:
+            raise HetflError(f"kd_weight must be >= 0, got {self.kd_weight}")
+        if not 0 <= self.kd_ramp <= 1:
+            raise HetflError(f"kd_ramp must be a fraction of the rounds in [0, 1], got {self.kd_ramp}")
 
-    def kd_weight_at(self, round_index: int) -> float:
-        """The KD weight at a 1-based round: the DepthFL code's consistency ramp-up, exp(-5 (1 - t/R)^2)."""
-        if self.kd_ramp_rounds <= 0:
+    def kd_weight_at(self, round_index: int, rounds: int) -> float:
+        """The KD weight at a 1-based round of ``rounds``: the DepthFL code's consistency ramp-up,
+        exp(-5 (1 - t/R)^2) with R = kd_ramp x rounds (the paper's 300 of 1000 rounds scaled to the run)."""
+        ramp = self.kd_ramp * rounds
+        if ramp <= 0:
             return self.kd_weight
-        progress = min(round_index, self.kd_ramp_rounds) / self.kd_ramp_rounds
+        progress = min(round_index, ramp) / ramp
         return self.kd_weight * math.exp(-5.0 * (1.0 - progress) ** 2)
