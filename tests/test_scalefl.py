@@ -20,8 +20,9 @@ def test_component_costs_add_up_to_the_model():
     assert stem + sum(blocks[:3]) + exits[2] == count_params(model)
 
 
-def brute_force(fam, targets, eps, unit):
-    """Eq. (1) by exhaustion over every depth and grid width, levels in order (Alg. 1 lines 2-5)."""
+def brute_force(fam, targets, eps, unit, nested=True):
+    """Eq. (1) by exhaustion over every depth and grid width, levels in order (Alg. 1 lines 2-5), each level
+    at least as deep and wide as the one before when ``nested``."""
     n, placed, found = fam.arch.num_blocks, [], []
 
     def cost(d, w):
@@ -30,9 +31,9 @@ def brute_force(fam, targets, eps, unit):
 
     for r in targets:
         full = cost(n, 1.0)
-        feasible = [(abs(d / n - w), d, w) for d in range(placed[-1] if placed else 1, n + 1)
-                    for w in WIDTH_GRID if w >= (found[-1][1] if found else 0)
-                    and abs(cost(d, w) / (r * full) - 1) <= eps]
+        low_d, low_w = found[-1][:2] if found and nested else (1, 0)
+        feasible = [(abs(d / n - w), d, w) for d in range(low_d, n + 1)
+                    for w in WIDTH_GRID if w >= low_w and abs(cost(d, w) / (r * full) - 1) <= eps + 1e-12]
         diff, d, w = min(feasible)
         found.append((d, w, diff))
         placed += [d] if d not in placed else []
@@ -49,6 +50,22 @@ def test_split_search_is_the_most_uniform_feasible_split(unit):
     assert [s.depth for s in splits] == sorted(s.depth for s in splits)  # nested: as deep and
     assert [s.s_w for s in splits] == sorted(s.s_w for s in splits)  # at least as wide
     for s, (d, w, diff) in zip(splits, brute_force(fam, targets, 0.1, unit)):
+        assert abs(s.s_d - s.s_w) == pytest.approx(diff)
+
+
+def test_unnested_split_is_feasible_where_the_nested_one_is_not():
+    """The ViT's level 3 (50% of the MACs): no split at least as deep and wide as level 2's is within 10%,
+    Eq. (1)'s unconstrained argmin is, shallower than level 2 but wider."""
+    from hetfl.errors import HetflError
+
+    fam = model_family("vit", (1, 28, 28), 10, exit_after=tuple(range(6)))
+    targets = [0.125, 0.25, 0.5, 1.0]
+    with pytest.raises(HetflError, match="level 3 .* or set split_nested = false"):
+        split_search(fam, targets, [0.1] * 4, "macs")
+    splits = split_search(fam, targets, [0.1] * 4, "macs", nested=False)
+    assert all(s.within_epsilon for s in splits)
+    assert splits[2].depth < splits[1].depth and splits[2].s_w > splits[1].s_w  # not nested
+    for s, (d, w, diff) in zip(splits, brute_force(fam, targets, 0.1, "macs", nested=False)):
         assert abs(s.s_d - s.s_w) == pytest.approx(diff)
 
 

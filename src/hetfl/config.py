@@ -88,6 +88,8 @@ class Config:
     prox_mu: float = opt(0.0, "FedProx proximal weight mu (0 = off)")
     split_epsilon: list[float] = opt([0.1], "2d scaling: cost tolerance epsilon_l of the split search, Eq. (1); "
                                      "one value for every level or one per level")
+    split_nested: bool = opt(True, "2d scaling: keep the level splits nested (each at least as deep and as wide as "
+                             "the one before); false: Eq. (1)'s unconstrained argmin per level")
     split_cost: str = opt("macs", "2d scaling: the cost the split search matches: MACs per sample, or params "
                           "(ScaleFL's Table 1 ratios; too lopsided on the CNN, whose last block holds 3/4 of them)",
                           ("macs", "params"))

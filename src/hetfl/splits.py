@@ -8,9 +8,13 @@ searched in order and each adds its exit to M after block floor(s_d N) (Alg. 1 l
   width s_w, the exits earlier levels placed below that depth, and its own exit at the cut;
 * cost(M) is M as it stands when level l is searched: the full network with the exits placed so
   far and its classifier; the last level (r_L = 1) is M itself, exactly 1;
-* levels are kept nested: a level cuts at least as deep as the one before and is at least as
-  wide, so the masks of Eq. (2) are nested; two levels that cut at the same block share the exit
-  there (possible on shallow backbones such as the 4-block CNN).
+* with ``nested`` (hetfl's default) levels are kept nested: a level cuts at least as deep as the
+  one before and is at least as wide, so every level's model contains the smaller ones' (the
+  hierarchy of the paper's Fig. 2); two levels that cut at the same block share the exit there
+  (possible on shallow backbones such as the 4-block CNN). Eq. (1) itself states no such
+  constraint: without ``nested`` each level takes the unconstrained argmin, which can be feasible
+  where the nested one is not (the ViT's level 3), at the price of a level whose model is
+  shallower or narrower than a smaller level's. Eq. (2)'s element-wise mean handles either.
 
 Cost is parameters (as the paper's Table 1, whose r_l are parameter ratios) or MACs per sample,
 measured by ``costs.component_costs``. Widths are searched on the grid 0.01..1.00; s_d = d / N.
@@ -46,8 +50,9 @@ class Split:
         return abs(self.ratio / self.target - 1) <= self.epsilon + 1e-12
 
 
-def split_search(family: ModelFamily, targets: list[float], epsilons: list[float], unit: str) -> list[Split]:
-    """Eq. (1) for every level in order; ``family`` must have an exit after every block (any cut's exit).
+def split_search(family: ModelFamily, targets: list[float], epsilons: list[float], unit: str,
+                 nested: bool = True) -> list[Split]:
+    """Eq. (1) for every level in order (kept nested, or not); ``family`` must have an exit after every block.
 
     For one depth the cost grows with the width, so the feasible widths form an interval of the
     grid, found by two bisections; the feasible width nearest s_d is that depth's candidate, and
@@ -63,8 +68,8 @@ def split_search(family: ModelFamily, targets: list[float], epsilons: list[float
     splits: list[Split] = []
     for level, (r, eps) in enumerate(zip(targets, epsilons), start=1):
         full = cost(n, 1.0)
-        lowest_depth = placed[-1] if placed else 1
-        lowest_width = WIDTH_GRID.index(splits[-1].s_w) if splits else 0
+        lowest_depth = splits[-1].depth if splits and nested else 1
+        lowest_width = WIDTH_GRID.index(splits[-1].s_w) if splits and nested else 0
 
         def first_width(depth: int, at_least: float) -> int:
             """Index of the smallest grid width whose cost is >= at_least (len(grid) if none)."""
@@ -88,9 +93,10 @@ def split_search(family: ModelFamily, targets: list[float], epsilons: list[float
                 if candidate.within_epsilon and (best is None or abs(s_d - s_w) < abs(best.s_d - best.s_w)):
                     best = candidate
         if best is None:
+            kept = f" (cutting as deep as level {level - 1} or deeper, at least as wide)" if nested and splits else ""
             raise HetflError(f"no 2-D split of {family.name} for level {level} is within split_epsilon {eps} of "
-                             f"cost ratio {r} (cutting as deep as level {level - 1} or deeper, at least as wide); raise "
-                             "split_epsilon or change budget_ratios")
+                             f"cost ratio {r}{kept}; raise split_epsilon, change budget_ratios"
+                             + (" or set split_nested = false" if kept else ""))
         splits.append(best)
         if best.depth not in placed:
             placed.append(best.depth)

@@ -54,7 +54,8 @@ class Method:
         self.splits: list[Split] | None = None
         if cfg.scaling == "2d":  # Eq. (1) per level, then an exit after every level's cut (ScaleFL Alg. 1)
             self.splits = split_search(family.with_exits(tuple(range(family.arch.num_blocks))),
-                                       cfg.level_budget_ratios, cfg.level_split_epsilons, cfg.split_cost)
+                                       cfg.level_budget_ratios, cfg.level_split_epsilons, cfg.split_cost,
+                                       cfg.split_nested)
             family = family.with_exits(tuple(sorted({s.depth - 1 for s in self.splits})))
         self.family = family
         self.num_levels = num_levels
