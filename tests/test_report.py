@@ -233,3 +233,12 @@ def test_every_shipped_preset_validates_and_its_claims_name_evaluated_models(nam
         for terms, _ in _comparisons(claim):
             for (label, metric), _ in terms:
                 assert "/" not in metric or metric.split("/")[0] in models[label], (claim.get("claim"), label, metric)
+
+
+def test_late_gain_is_what_the_last_third_of_the_rounds_added():
+    from hetfl.report import late_gain, metric_value
+
+    curve = [(5, 0.60), (10, 0.70), (20, 0.80), (25, 0.83), (30, 0.835)]
+    assert late_gain(curve, 30) == pytest.approx(0.835 - 0.80)  # from round 20 = 2/3 of 30
+    assert late_gain([(30, 0.9)], 30) is None  # no evaluation in the first two thirds
+    assert metric_value({"curve": curve, "rounds": 30}, "late_gain") == pytest.approx(0.035)

@@ -66,10 +66,13 @@ def metric_value(summary: dict, metric: str) -> float | None:
 
     ``accuracy``: the headline accuracy of the global model; ``MODEL/KEY``: e.g. ``global/exit4``,
     ``level1/ensemble``, ``width0.25/accuracy``; ``local``: local accuracy; ``best_accuracy``,
-    ``best_round``, ``rounds_to_target``, ``bytes_down_per_round``, ``wall_seconds``: summary fields.
+    ``best_round``, ``rounds_to_target``, ``bytes_down_per_round``, ``wall_seconds``: summary fields;
+    ``late_gain``: the headline accuracy's gain over the last third of the rounds (``late_gain``).
     """
     if metric == "accuracy":
         return summary["accuracy"]
+    if metric == "late_gain":
+        return late_gain(summary.get("curve") or [], summary.get("rounds", 0))
     if metric == "local":
         return summary.get("local_accuracy")
     if "/" in metric:
@@ -77,6 +80,16 @@ def metric_value(summary: dict, metric: str) -> float | None:
         ev = summary["final"].get(model, {})
         return headline_accuracy(ev, summary["headline"]) if key == "accuracy" else ev.get(key)
     return summary.get(metric)
+
+
+PLATEAU_GAIN = 0.01  # a run has plateaued when its last third of rounds gained less than this accuracy
+
+
+def late_gain(curve: list, rounds: int) -> float | None:
+    """The final accuracy minus the one at the last evaluation within the first two thirds of the rounds
+    (None without such an evaluation): how much the run still gained at the end."""
+    early = [a for t, a in curve if t <= 2 * rounds / 3]
+    return curve[-1][1] - early[-1] if early and curve else None
 
 
 def metric_values(runs: list[dict], metric: str) -> list[float | None]:
@@ -107,6 +120,7 @@ def bench_table(results: dict[str, list[dict]]) -> str:
         cells = [seed_cell(runs, "accuracy")] + [seed_cell(runs, f"global/{c}") for c in columns]
         if has_local:
             cells.append(seed_cell(runs, "local"))
+        cells += [seed_cell(runs, "best_accuracy"), seed_cell(runs, "late_gain")]
         cells.append(seed_cell(runs, "best_round", scale=1.0, digits=1))
         if has_target:
             cells.append(seed_cell(runs, "rounds_to_target", scale=1.0, digits=1, missing="not reached"))
@@ -115,7 +129,7 @@ def bench_table(results: dict[str, list[dict]]) -> str:
         rows.append([label, str(len(runs))] + cells)
     targets = sorted({s["target_accuracy"] for runs in results.values() for s in runs if s.get("target_accuracy")})
     header = (["method", "seeds", "accuracy (%)"] + [f"{c} (%)" for c in columns]
-              + (["local (%)"] if has_local else []) + ["best round"]
+              + (["local (%)"] if has_local else []) + ["best (%)", "last-third gain (pp)", "best round"]
               + ([f"rounds to {'/'.join(f'{100 * t:g}' for t in targets)}%"] if has_target else [])
               + ["MB down/round", "wall (s)"])
     return format_table(header, rows, markdown=True)
@@ -355,7 +369,9 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
     parts.append(f"Accuracy in % on the test set, mean ± std over seeds {seeds}; a cell marked (k/n) averages "
                  "the k of n seeds where the value is defined. \"accuracy\" is the method's own prediction (the "
                  "last exit, or the ensemble = mean of the exits' logits); \"best round\" is the round of the best "
-                 "accuracy (capped by the horizon, so no claim is decided on it); traffic is the mean over rounds "
-                 "of the bytes sent to clients.")
+                 "accuracy (capped by the horizon, so no claim is decided on it); \"best\" the best accuracy of any "
+                 "evaluation, \"accuracy\" the final one; \"last-third gain\" what the final accuracy gained over "
+                 f"the last third of the rounds: a run has plateaued when it is below {100 * PLATEAU_GAIN:g} point; "
+                 "traffic is the mean over rounds of the bytes sent to clients.")
     parts.append(f"Regenerate: `{command}`")
     return "\n\n".join(p for p in parts if p) + "\n"
