@@ -242,3 +242,17 @@ def test_late_gain_is_what_the_last_third_of_the_rounds_added():
     assert late_gain(curve, 30) == pytest.approx(0.835 - 0.80)  # from round 20 = 2/3 of 30
     assert late_gain([(30, 0.9)], 30) is None  # no evaluation in the first two thirds
     assert metric_value({"curve": curve, "rounds": 30}, "late_gain") == pytest.approx(0.035)
+
+
+def test_cost_claims_and_accuracy_drop():
+    from hetfl.report import check_cost_claim, metric_value
+
+    costs = {"S": {"global": {"params": 1000, "latency_ms": 2.0}, "level2": {"params": 200, "latency_ms": 1.2}}}
+    size = {"claim": "4x smaller", "better": "S", "cost_ratio": ["global", "level2"], "cost": "params", "at_least": 4}
+    assert check_cost_claim(size, costs)[1] == "held" and "5.00x" in check_cost_claim(size, costs)[2]
+    fast = {**size, "cost": "latency_ms", "at_least": 2}
+    assert check_cost_claim(fast, costs)[1] == "did not hold"  # 1.67x
+    assert check_cost_claim(size, None)[1].startswith("undecided")
+    summary = {"headline": "last", "accuracy": 0.9,
+               "final": {"global": {"exit1": 0.8, "exit2": 0.9}, "level2": {"exit1": 0.85}}}
+    assert metric_value(summary, "level2/drop") == pytest.approx(0.05)

@@ -67,7 +67,8 @@ def metric_value(summary: dict, metric: str) -> float | None:
     ``accuracy``: the headline accuracy of the global model; ``MODEL/KEY``: e.g. ``global/exit4``,
     ``level1/ensemble``, ``width0.25/accuracy``; ``local``: local accuracy; ``best_accuracy``,
     ``best_round``, ``rounds_to_target``, ``bytes_down_per_round``, ``wall_seconds``: summary fields;
-    ``late_gain``: the headline accuracy's gain over the last third of the rounds (``late_gain``).
+    ``late_gain``: the headline accuracy's gain over the last third of the rounds (``late_gain``);
+    ``MODEL/drop``: the global model's headline accuracy minus MODEL's.
     """
     if metric == "accuracy":
         return summary["accuracy"]
@@ -77,6 +78,9 @@ def metric_value(summary: dict, metric: str) -> float | None:
         return summary.get("local_accuracy")
     if "/" in metric:
         model, key = metric.split("/", 1)
+        if key == "drop":
+            ours, top = metric_value(summary, f"{model}/accuracy"), metric_value(summary, "global/accuracy")
+            return None if ours is None or top is None else top - ours
         ev = summary["final"].get(model, {})
         return headline_accuracy(ev, summary["headline"]) if key == "accuracy" else ev.get(key)
     return summary.get(metric)
@@ -275,7 +279,20 @@ def _verdict(outcomes: list[tuple[bool, float | None] | None], undecided: str) -
     return word if p < ALPHA else f"{word} (not significant: {_p(p)})"
 
 
-def check_claim(claim: dict, results: dict[str, list[dict]]) -> list[str]:
+def check_cost_claim(claim: dict, costs: dict | None) -> list[str]:
+    """[claim, verdict, measured] for ``cost_ratio = [A, B]``: model A's ``cost`` (params, macs, latency_ms)
+    over model B's, of the run ``better``, reaches ``at_least`` (measured once: no seeds, no test)."""
+    (a, b), label, kind = claim["cost_ratio"], claim["better"], claim.get("cost", "params")
+    rows = (costs or {}).get(label, {})
+    if a not in rows or b not in rows:
+        return [claim.get("claim", ""), "undecided (no cost table: set costs = true under [report])", "-"]
+    ratio = rows[a][kind] / rows[b][kind]
+    measured = f"{label}: {kind} of {a} / {b} = {rows[a][kind]:,.4g} / {rows[b][kind]:,.4g} = {ratio:.2f}x " \
+               f"against {claim['at_least']:g}x"
+    return [claim.get("claim", ""), "held" if ratio >= claim["at_least"] else "did not hold", measured]
+
+
+def check_claim(claim: dict, results: dict[str, list[dict]], costs: dict | None = None) -> list[str]:
     """[claim, verdict, measured] for one preset claim; every comparison a two-sided Welch t-test over every seed.
 
     Three forms: ``better`` beats ``worse`` on ``metric`` (one side may be a list: each of it is compared;
@@ -291,7 +308,10 @@ def check_claim(claim: dict, results: dict[str, list[dict]]) -> list[str]:
     p < ALPHA; "held (not significant: p)" when they all go that way but not all significantly (the
     largest p); "did not hold (not significant: p)" when some go the other way, none significantly (the
     smallest p); with one seed on a side there is no noise estimate, and the verdict says so.
+    A fourth form, ``cost_ratio``, compares measured costs (``check_cost_claim``).
     """
+    if "cost_ratio" in claim:
+        return check_cost_claim(claim, costs)
     comparisons = _comparisons(claim)
     width = max(len(terms) for terms, _ in comparisons)  # every comparison's first sample (better) first
     samples = list(dict.fromkeys(terms[i][0] for i in range(width) for terms, _ in comparisons if i < len(terms)))
@@ -363,7 +383,7 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
     if models or costs is not None:
         parts += ["## Every evaluated model", models_table(results, costs)]
     if preset.get("claims"):
-        rows = [check_claim(c, results) for c in preset["claims"]]
+        rows = [check_claim(c, results, costs) for c in preset["claims"]]
         parts += ["## Claims checked", format_table(["claim", "verdict", "measured (mean ± std over seeds)"],
                                                     rows, markdown=True), CLAIM_RULE]
     parts.append(f"Accuracy in % on the test set, mean ± std over seeds {seeds}; a cell marked (k/n) averages "

@@ -13,7 +13,9 @@ A preset is a TOML file:
   ``at_least`` (a threshold), or ``gain`` + ``exceeds_gain`` (two pairs of labels); ``metric``
   (default ``accuracy``, see ``report.metric_value``), ``worse_metric`` (one, or one per worse
   label), ``lower_is_better`` (``report.check_claim``). Convergence is claimed on
-  ``rounds_to_target`` (the runs' ``target_accuracy``), never on ``best_round``.
+  ``rounds_to_target`` (the runs' ``target_accuracy``), never on ``best_round``. A cost claim:
+  ``cost_ratio = [A, B]`` (two evaluated models), ``cost`` (params, macs or latency_ms), ``better``
+  (the run) and ``at_least`` (the ratio A / B), checked on the costs table (``costs = true``).
 
 ``hetfl bench PRESET --report-only`` rewrites ``table.md`` from the ``summaries.json`` already in the
 results folder (the preset's current claims and targets, rounds re-read off the saved curves),
@@ -91,6 +93,9 @@ def _claim_problem(claim: dict, labels: list[str]) -> str | None:
     if "best_round" in [claim.get("metric"), *as_list(claim.get("worse_metric", []))]:
         return ("is decided on best_round, which the horizon caps: claim convergence on rounds_to_target, with a "
                 "target_accuracy that every compared run reaches")
+    if "cost_ratio" in claim and (len(as_list(claim["cost_ratio"])) != 2 or "at_least" not in claim
+                                  or claim.get("cost", "params") not in ("params", "macs", "latency_ms")):
+        return "needs cost_ratio = [two models], at_least, and cost params, macs or latency_ms"
     if isinstance(claim.get("better"), list) and isinstance(claim.get("worse"), list):
         return "has lists on both sides: give one label on one side"
     if len(as_list(claim.get("worse_metric", []))) not in (0, 1, len(as_list(claim.get("worse", [])))):
