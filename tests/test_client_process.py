@@ -34,20 +34,29 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith("hetfl"))))
 """
 
 
+SURPLUS = [1 / 6, 1 / 3, 1 / 2, 2.0]
+
+
 @pytest.mark.parametrize("method,options", [
     ("depthfl", {}),  # FedDyn client state in global shape + mutual KD
     ("sheterofl", {}),  # width slices, Scaler, the slimmable loss
     ("scalefl", {}),  # 2-D split, ScaleFL Eq. (5)
+    ("fedepth", {"model": "preresnet20", "buffer_prefix": True}),  # block groups, skip connection, buffered prefix
+    ("m-fedepth", {"model": "preresnet20", "budget_ratios": SURPLUS}),  # two models by mutual learning, a peer in state
+    ("splitmix", {"model": "preresnet20", "budget": "width-memory", "budget_ratios": SURPLUS}),  # several bases
 ])
 def test_client_update_in_a_fresh_process_is_bit_identical(tiny_cfg, tmp_path, method, options):
     sim = Simulation(tiny_cfg(method=method, **options))
-    client = 3
+    client = 3 if method != "m-fedepth" else next(c for c in range(20) if sim.scenario.budget(c, 2).level == 4)
     task, local = sim.method.configure(sim.state, client, sim.scenario.budget(client, 2), 2)
     idx = sim.parts[client]
     own = None
+    g = torch.Generator().manual_seed(0)
     if task.state_shapes is not None:  # a client that already holds FedDyn state
-        g = torch.Generator().manual_seed(0)
         own = {k: 0.01 * torch.randn(s, generator=g) for k, s in task.state_shapes.items()}
+    if method == "m-fedepth":  # a client that already holds its second model
+        assert task.blockwise.models == 2
+        own = {f"peer1/{k}": v + 0.01 * torch.randn(v.shape, generator=g) for k, v in local.items()}
     here, here_own = client_update(local, task, ClientData(sim.x_train, sim.y_train, idx), own,
                                    models=sim.method.models)
 
@@ -62,8 +71,8 @@ def test_client_update_in_a_fresh_process_is_bit_identical(tiny_cfg, tmp_path, m
     assert there["state"].keys() == here.state.keys()
     for k in here.state:
         assert torch.equal(there["state"][k], here.state[k]), k
-    if own is None:
-        assert there["own"] is None and here_own is None
+    if here_own is None:
+        assert there["own"] is None
     else:
         assert there["own"].keys() == here_own.keys()
         for k in here_own:

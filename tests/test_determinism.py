@@ -8,7 +8,9 @@ from hetfl.methods import METHODS
 from hetfl.slicing import corner
 from hetfl.train import ClientData
 
-OPTIONS = {"inclusivefl": {"model": "vit"}}  # momentum distillation needs blocks of one shape
+OPTIONS = {"inclusivefl": {"model": "vit"},  # momentum distillation needs blocks of one shape
+           "fedepth": {"model": "preresnet20"},  # the CNN's blocks do not fit a 1/6-width budget
+           "m-fedepth": {"model": "preresnet20", "budget_ratios": [1 / 6, 1 / 3, 1 / 2, 2.0]}}  # with peers
 
 
 @pytest.mark.parametrize("method", list(METHODS))

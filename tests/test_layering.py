@@ -62,7 +62,7 @@ def test_config_sits_below_the_methods_and_engines():
 
 def test_the_client_side_imports_no_server_code():
     edges = graph(top_level_only=False)
-    for side in ("hetfl.client", "hetfl.task", "hetfl.train"):
+    for side in ("hetfl.client", "hetfl.task", "hetfl.train", "hetfl.blockwise", "hetfl.memory"):
         below = reachable(side, edges)
         server = ("hetfl.methods", "hetfl.aggregation", "hetfl.sim", "hetfl.bench", "hetfl.cli", "hetfl.config",
                   "hetfl.data", "hetfl.splits", "hetfl.devices", "hetfl.costs")

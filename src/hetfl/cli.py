@@ -184,7 +184,8 @@ def cmd_costs(args) -> int:
         shape, classes = data.input_shape, data.num_classes
     method = build_method(cfg, shape, classes)
     if "method" in options:  # what each level of this method trains
-        specs = {f"level {l}": method.level_spec(l) for l in range(1, cfg.levels + 1)}
+        specs = {f"level {l}": spec for l in range(1, cfg.levels + 1)
+                 if (spec := method.level_spec(l)) is not None}  # a level may afford nothing (DepthFL's sit_out)
     else:  # the backbone's depth cuts and a few widths
         n = method.family.arch.num_blocks
         specs = {f"depth {b + 1}": SubModel(depth=b + 1) for b in method.family.arch.exit_after[:-1]}
@@ -196,13 +197,20 @@ def cmd_costs(args) -> int:
         from .splits import split_rows
 
         split = split_rows(method.splits)
+    budgets = method.budget_report() if "method" in options else None  # e.g. FeDepth's decompositions
     if args.json:
-        print(json.dumps({"model": cfg.model, "dataset": cfg.dataset, "split": split, "rows": rows}, indent=1))
+        print(json.dumps({"model": cfg.model, "dataset": cfg.dataset, "split": split, "rows": rows,
+                          "budgets": budgets}, indent=1))
         return 0
     if split is not None:
         print(f"2-D split of {cfg.model} (Eq. (1); cost: {cfg.split_cost}, ratios against the full model as the "
               f"search sees it)")
         print(format_table(list(split[0]), [[str(v) for v in row.values()] for row in split]))
+        print()
+    for title, table in (budgets or {}).items():
+        print(f"{cfg.method}, {title}: training memory in MiB at batch {cfg.batch_size}; budgets {cfg.budget} "
+              f"of ratios {', '.join(f'{r:.4g}' for r in cfg.level_budget_ratios)}")
+        print(format_table(table["header"], table["rows"]))
         print()
     print(f"{cfg.model} on {cfg.dataset} shapes {shape}, {classes} classes; training memory at batch "
           f"{cfg.batch_size}; ratios against the last row")

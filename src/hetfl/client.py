@@ -3,7 +3,7 @@
 A free function of (local tensors, task, client data, the client's own state): it imports nothing
 from the server side (methods, aggregation, engines), so the simulator and a Flower ClientApp
 call the same code. Here too: reusable sub-model objects, the local losses a task can name, and
-the update a client sends back.
+the update a client sends back. ``trainer = blockwise`` (FeDepth) runs in ``blockwise``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from torch import nn
 
 from torch.func import functional_call
 
+from .blockwise import train_blockwise, trained_prefixes
 from .losses import exits_ce, mutual_kd, weighted_exits_with_last_teacher
 from .models import ModelFamily, model_family
-from .models.base import NoNorm
+from .models.base import BaseEnsemble, NoNorm
 from .seeding import torch_generator
 from .slicing import State, SubModel, corner
 from .task import TRAINERS, FamilySpec, LossRecipe, Task
@@ -55,6 +56,16 @@ def attach_scaler(model: nn.Module, rate: float) -> nn.Module:
     return model
 
 
+def build_model(family: ModelFamily, spec: SubModel, seed: int | None = None) -> nn.Module:
+    """The module of ``spec`` cut from ``family`` (seeded if asked): its depth and width holding only its exits,
+    or SplitMix's bases (base i seeded with ``seed + i``)."""
+    if spec.bases:
+        base = SubModel(spec.depth, spec.width)
+        return BaseEnsemble({i: build_model(family, base, None if seed is None else seed + i) for i in spec.bases})
+    model = family.build(depth=spec.depth, width=spec.width, seed=seed)
+    return model.keep_exits(spec.exits) if spec.exits is not None else model
+
+
 class ModelCache:
     """One module object per sub-model architecture, reused across clients and rounds (no re-allocation)."""
 
@@ -66,15 +77,13 @@ class ModelCache:
         self._shapes: dict[tuple, dict[str, torch.Size]] = {}
 
     def _key(self, spec: SubModel) -> tuple:
-        return (spec.depth, spec.width, spec.exits)
+        return (spec.depth, spec.width, spec.exits, spec.bases)
 
     def module(self, spec: SubModel) -> nn.Module:
         """The module with ``spec``'s architecture (its weights are whatever was loaded last)."""
         key = self._key(spec)
         if key not in self._modules:
-            model = self.family.build(depth=spec.depth, width=spec.width)
-            if spec.exits is not None:
-                model.keep_exits(spec.exits)
+            model = build_model(self.family, spec)
             if self.scaler and spec.width < 1:
                 attach_scaler(model, spec.width)
             self._modules[key] = model.to(self.device)
@@ -144,6 +153,8 @@ def client_update(local: State, task: Task, data: ClientData, client_state: Stat
     device = data.x.device
     models = models or ModelCache(family_of(task.family), device, scaler=task.scaler)
     model = models.loaded(spec, local)
+    if task.trainer == "blockwise":
+        return _blockwise_update(model, local, task, data, client_state, models)
     names = [n for n, _ in model.named_parameters()]  # the order local_sgd sees the parameters in
     anchor = [local[n] for n in names] if opts.prox_mu or opts.feddyn_alpha else None
     linear = None
@@ -156,6 +167,35 @@ def client_update(local: State, task: Task, data: ClientData, client_state: Stat
     if linear is not None:
         client_state = _feddyn_client_step(client_state, task, names, local, new_local, linear)
     return Update(task.client, spec, new_local, len(data), {"train_loss": loss}), client_state
+
+
+def _blockwise_update(model: nn.Module, local: State, task: Task, data: ClientData, client_state: State | None,
+                      models: ModelCache) -> tuple[Update, State | None]:
+    """FeDepth's client update (``blockwise``); returns the update of the tensors it trained and its own state.
+
+    m-FeDepth's other M - 1 models live in the client's own state between rounds, under ``peer{m}/``
+    + the global name: a client keeps them across the rounds it takes part in, and starts one from
+    the received global model the first time it has the memory for it (a peer started as a copy
+    only departs from the uploaded model from the client's next round on: within a round the two
+    see the same batches). A client that trains fewer models this round keeps its peers untouched.
+    """
+    plan = task.blockwise
+    peers = []
+    for m in range(1, plan.models):
+        peer = build_model(models.family, task.spec).to(data.x.device)
+        key = f"peer{m}/"
+        peer.load_state_dict({n: (client_state or {}).get(key + n, t) for n, t in local.items()}, strict=True)
+        peers.append(peer)
+    generator = torch_generator(task.seed, "train", task.round, task.client)
+    loss, peak = train_blockwise([model, *peers], plan, data, task.train, task.lr, generator)
+    trained = trained_prefixes(model, plan)
+    new_local = {n: t.detach().clone() for n, t in model.state_dict().items() if n.startswith(trained)}
+    if peers:
+        client_state = dict(client_state or {})
+        client_state.update({f"peer{m}/{n}": t.detach().clone()
+                             for m, peer in enumerate(peers, start=1) for n, t in peer.state_dict().items()})
+    metrics = {"train_loss": loss, "memory_bytes": peak, "memory_budget": plan.budget_bytes}
+    return Update(task.client, task.spec, new_local, len(data), metrics), client_state
 
 
 def _feddyn_client_step(client_state: State, task: Task, names: list[str], start: State, end: State,

@@ -24,7 +24,7 @@ from .devices import BUDGET_UNITS, SCENARIOS
 from .errors import HetflError
 from .evaluate import INFERENCES
 from .models import MODEL_NAMES, NORMS
-from .options import check_choices, coerce, opt, option_fields
+from .options import check_choices, coerce, opt, option_fields, recorded
 from .rundir import check_location
 from .slicing import SCALINGS, TRAIN_EXITS
 
@@ -54,15 +54,20 @@ class Config:
     model: str = opt("cnn", "backbone family", MODEL_NAMES)
     model_width: float = opt(1.0, "width multiplier of the global model (1 = 64/128/256/512 channels), > 0")
     norm: str = opt("bn", "normalisation layers: bn (batch statistics) or none", NORMS)
+    exits: list[int] = opt([], "0-based blocks an exit classifier reads, the last block included (default: the "
+                           "backbone's: every block of the CNN and the ViT, every stage of the ResNets)",
+                           added_later=True)
     # devices
     scenario: str = opt("fixed", "how device levels are drawn each round", SCENARIOS)
     scaling: str = opt("depth", "how a level's sub-model is cut from the global model: depth (its first blocks), "
                        "width (the leading channels of every layer) or 2d (ScaleFL's Eq. (1) split at the level's "
                        "budget ratio)", SCALINGS)
     budget: str = opt("level", "what a level means: an index, or a budget of training memory or MACs per sample "
-                      "= budget_ratios[l] x the full model's", BUDGET_UNITS)
-    budget_ratios: list[float] = opt([], "budget of each level as a fraction of the full model's cost, increasing "
-                                     "(default l/levels; 2d scaling: 2^(l - levels), ScaleFL's 12.5/25/50/100%)")
+                      "= budget_ratios[l] x the full model's, or (width-memory) the measured training memory of the "
+                      "full-depth model at width budget_ratios[l] (FeDepth's budgets)", BUDGET_UNITS)
+    budget_ratios: list[float] = opt([], "budget of each level as a fraction of the full model's cost (width-memory: "
+                                     "a width ratio, may exceed 1), increasing (default l/levels; 2d scaling: "
+                                     "2^(l - levels), ScaleFL's 12.5/25/50/100%)")
     levels: int = opt(4, "number of device levels")
     proportions: list[float] = opt([], "share of clients per level, smallest level first (default equal), e.g. 1,2,7")
     widths: list[float] = opt([], "width-scaling methods: width ratio per level, smallest first (default l/levels)")
@@ -89,7 +94,7 @@ class Config:
     split_epsilon: list[float] = opt([0.1], "2d scaling: cost tolerance epsilon_l of the split search, Eq. (1); "
                                      "one value for every level or one per level")
     split_nested: bool = opt(True, "2d scaling: keep the level splits nested (each at least as deep and as wide as "
-                             "the one before); false: Eq. (1)'s unconstrained argmin per level")
+                             "the one before); false: Eq. (1)'s unconstrained argmin per level", added_later=True)
     split_cost: str = opt("macs", "2d scaling: the cost the split search matches: MACs per sample, or params "
                           "(ScaleFL's Table 1 ratios; too lopsided on the CNN, whose last block holds 3/4 of them)",
                           ("macs", "params"))
@@ -151,10 +156,11 @@ class Config:
             raise HetflError(f"config file {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        """Every option as plain values, the method's own ones beside the generic ones (one flat mapping)."""
+        """Every option as plain values, the method's own ones beside the generic ones (one flat mapping); an
+        option added later only when it is set (``options.recorded``)."""
         values = dataclasses.asdict(self)
         own = values.pop("method_options")
-        return {**values, **own}
+        return {**recorded(values, Config), **own}
 
     def replace(self, **changes) -> Config:
         """A copy with ``changes``."""

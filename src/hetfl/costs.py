@@ -9,8 +9,12 @@ For a model family and a ``SubModel`` spec:
   matrix products; FLOPs / 2). Element-wise work (BN, ReLU, pooling, bias adds) is not counted.
 * ``train_memory``: bytes one training step needs at ``batch_size``: the tensors autograd saves
   for the backward pass (measured with saved-tensor hooks, each storage counted once, parameters
-  excluded) + parameters + gradients + the SGD momentum buffer. It is what the step must keep
-  alive, not the allocator's peak.
+  excluded) + parameters + gradients + the SGD momentum buffer (``memory``, the rule a client
+  also measures its steps by). It is what the step must keep alive, not the allocator's peak.
+* ``group_memory``: the same for one step of FeDepth's training of a block group (the group and
+  the head path; the frozen prefix keeps nothing), measured by running the client's own step.
+* ``width_memory``: the training memory of the full-depth backbone at a width ratio, FeDepth's
+  budget of that ratio (Sec. 5.1, "Memory budgets").
 * ``latency_ms`` (and its interquartile range ``latency_iqr_ms``): median CPU time of a
   single-sample forward pass (eval mode, no autograd) on one pinned thread, after a warm-up,
   measured round-robin with the other sub-models of the same table (``cost_rows``).
@@ -32,6 +36,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from .blockwise import feature_shapes, frozen_prefix, group_parameters, group_step
+from .client import build_model
+from .memory import SavedTensors, parameter_bytes, step_bytes
 from .models import ModelFamily
 from .slicing import SubModel
 
@@ -63,20 +70,11 @@ def count_macs(module: nn.Module, input_shape: tuple[int, ...], batch: int = 2) 
 
 def saved_activation_bytes(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
     """Bytes of the tensors autograd saves for backward in one step (each storage once, parameters excluded)."""
-    param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in param_storages:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
     module.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedTensors(exclude=module.parameters()) as saved:
         loss = sum(F.cross_entropy(z, y) for z in module(x))
     del loss
-    return sum(seen.values())
+    return saved.bytes
 
 
 def latencies_ms(modules: list[nn.Module], input_shape: tuple[int, ...], seconds: float = 0.3,
@@ -112,8 +110,7 @@ def latencies_ms(modules: list[nn.Module], input_shape: tuple[int, ...], seconds
 
 def build(family: ModelFamily, spec: SubModel) -> nn.Module:
     """The CPU module of ``spec`` (only the exits it holds)."""
-    model = family.build(depth=spec.depth, width=spec.width, seed=0)
-    return model.keep_exits(spec.exits) if spec.exits is not None else model
+    return build_model(family, spec, seed=0)
 
 
 @lru_cache(maxsize=512)
@@ -121,14 +118,41 @@ def measure(family: ModelFamily, spec: SubModel, batch_size: int = 32, momentum:
     """The cost of ``spec`` cut from ``family`` (cached per process)."""
     model = build(family, spec)
     params = count_params(model)
-    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     wire = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch_size, *family.input_shape, generator=g)
-    y = torch.randint(0, family.num_classes, (batch_size,), generator=g)
-    activations = saved_activation_bytes(model, x, y)
+    activations = saved_activation_bytes(model, *random_batch(family, batch_size))
     return Cost(params=params, macs=count_macs(model, family.input_shape), bytes_down=wire, bytes_up=wire,
-                train_memory=activations + param_bytes * (3 if momentum else 2), activation_bytes=activations)
+                train_memory=step_bytes(activations, parameter_bytes(model.parameters()), 3 if momentum else 2),
+                activation_bytes=activations)
+
+
+def random_batch(family: ModelFamily, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded random inputs and labels of the family's shapes (memory depends on shapes only)."""
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(batch_size, *family.input_shape, generator=g),
+            torch.randint(0, family.num_classes, (batch_size,), generator=g))
+
+
+def width_memory(family: ModelFamily, ratio: float, batch_size: int = 32) -> int:
+    """Training memory of the full-depth backbone at width ``ratio`` holding only its last exit: FeDepth's
+    memory budget of ratio r (Sec. 5.1, "Memory budgets": r = 1/6 affords the 1/6-width model)."""
+    plain = family.with_exits((family.arch.num_blocks - 1,))
+    return measure(plain, SubModel(depth=family.arch.num_blocks, width=ratio), batch_size).train_memory
+
+
+@lru_cache(maxsize=4096)
+def group_memory(family: ModelFamily, first: int, last: int, batch_size: int = 32, head: str = "skip",
+                 models: int = 1) -> int:
+    """Bytes one step of FeDepth's training of blocks ``first``..``last`` needs at ``batch_size``, ``models`` models
+    at once (m-FeDepth): what autograd saves for the group and the head path (the frozen prefix runs without
+    autograd and keeps nothing) + 3 x the trainable parameters (values, gradients, momentum). Measured by running
+    the client's own step (``blockwise.group_step``) on seeded random inputs; cached per process."""
+    nets = [family.build(seed=m).train() for m in range(models)]
+    x, y = random_batch(family, batch_size)
+    aux = head == "aux"
+    params = [p for net in nets for p in group_parameters(net, (first, last), aux)]
+    inputs = [x if first == 0 else frozen_prefix(net, x, first) for net in nets]
+    _, saved = group_step(nets, (first, last), inputs, y, aux, feature_shapes(nets[0], x[:2])[-1], params)
+    return step_bytes(saved, parameter_bytes(params))
 
 
 def component_costs(family: ModelFamily, width: float, unit: str) -> tuple[int, tuple[int, ...], tuple[int, ...]]:

@@ -9,6 +9,10 @@ A scenario assigns each client a level 1..L (L = the most capable device) per ro
 Level counts follow the proportions by largest remainder, so every round has exactly the same
 number of clients per level. A ``Budget`` also carries physical fields (training memory in bytes,
 MACs per sample) that the cost model fills in later; the level is the paper-style discretisation.
+``BUDGET_UNITS`` says what a level's budget ratio r means: an index only (``level``), r x the full
+model's training memory (``memory``) or MACs per sample (``macs``), or the training memory of the
+full-depth model at width r (``width-memory``: FeDepth Sec. 5.1, where r = 1/6 affords the
+1/6-width model and r = 2 a model twice as wide).
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ class Scenario:
         return self.level_budgets[level - 1] if self.level_budgets else Budget(level=level)
 
 
-BUDGET_UNITS = ("level", "memory", "macs")
+BUDGET_UNITS = ("level", "memory", "macs", "width-memory")
 
 
 def level_budgets(unit: str, ratios: list[float], full_cost) -> list[Budget]:
@@ -99,6 +103,11 @@ def level_budgets(unit: str, ratios: list[float], full_cost) -> list[Budget]:
                    memory_bytes=int(r * full_cost.train_memory) if unit == "memory" else None,
                    macs_per_sample=int(r * full_cost.macs) if unit == "macs" else None)
             for l, r in enumerate(ratios, start=1)]
+
+
+def width_budgets(ratios: list[float], memory_at_width) -> list[Budget]:
+    """One budget per level: the training memory ``memory_at_width(r)`` of the full-depth model at width ratios[l]."""
+    return [Budget(level=l, memory_bytes=int(memory_at_width(r))) for l, r in enumerate(ratios, start=1)]
 
 
 def fits(cost, budget: Budget) -> bool:

@@ -52,3 +52,15 @@ def weighted_exits_with_last_teacher(logits: list[torch.Tensor], target: torch.T
             term = term + beta * tau**2 * kl
         total = total + i * term
     return total / (n * (n + 1) / 2)
+
+
+def deep_mutual_learning(logits: list[torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    """sum_m [CE_m + 1/(M-1) sum_{m' != m} KL(p_m' || p_m)] over M models' logits, teachers detached (T = 1).
+
+    m-FeDepth's objective (FeDepth Sec. "Exploit sufficient memory", after Zhang et al. 2018's deep
+    mutual learning). The paper writes it with a factor 1/M; hetfl sums, so each model takes exactly
+    DML's step for its own loss (as the authors' code, one optimizer step per model, does) rather than
+    1/M of it, which would only divide the learning rate by M. One model: its plain CE.
+    """
+    ce = exits_ce(logits, target)
+    return ce + mutual_kd(logits) if len(logits) > 1 else ce

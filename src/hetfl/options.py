@@ -13,10 +13,22 @@ from typing import Any
 from .errors import HetflError
 
 
-def opt(default: Any, help: str, choices: tuple | None = None):
-    """An option field with its help text and, for enumerations, the allowed values."""
+def opt(default: Any, help: str, choices: tuple | None = None, added_later: bool = False):
+    """An option field with its help text and, for enumerations, the allowed values.
+
+    ``added_later``: the option came after run folders, checkpoints and bench folder names had
+    recorded resolved configs; it is recorded only when it differs from its default
+    (``recorded``), so that an earlier run's config stays what it was (absent = the default).
+    """
     kwargs = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
-    return field(metadata={"help": help, "choices": choices}, **kwargs)
+    return field(metadata={"help": help, "choices": choices, "added_later": added_later}, **kwargs)
+
+
+def recorded(values: dict[str, Any], cls) -> dict[str, Any]:
+    """``values`` of ``cls``'s options without those added later and left at their defaults."""
+    fields = option_fields(cls)
+    return {k: v for k, v in values.items()
+            if not (k in fields and fields[k].metadata.get("added_later") and v == default_of(fields[k]))}
 
 
 def option_fields(cls) -> dict[str, dataclasses.Field]:

@@ -66,9 +66,10 @@ def metric_value(summary: dict, metric: str) -> float | None:
 
     ``accuracy``: the headline accuracy of the global model; ``MODEL/KEY``: e.g. ``global/exit4``,
     ``level1/ensemble``, ``width0.25/accuracy``; ``local``: local accuracy; ``best_accuracy``,
-    ``best_round``, ``rounds_to_target``, ``bytes_down_per_round``, ``wall_seconds``: summary fields;
-    ``late_gain``: the headline accuracy's gain over the last third of the rounds (``late_gain``);
-    ``MODEL/drop``: the global model's headline accuracy minus MODEL's.
+    ``best_round``, ``rounds_to_target``, ``bytes_down_per_round``, ``wall_seconds``, ``max_memory_ratio`` (the
+    largest measured step memory / budget of any client and round), ``within_budget`` (the share of client-rounds
+    whose steps all stayed within budget): summary fields; ``late_gain``: the headline accuracy's gain over the
+    last third of the rounds (``late_gain``); ``MODEL/drop``: the global model's headline accuracy minus MODEL's.
     """
     if metric == "accuracy":
         return summary["accuracy"]
@@ -119,6 +120,7 @@ def bench_table(results: dict[str, list[dict]]) -> str:
     columns = _exit_columns(evaluations)
     has_local = any(s.get("local_accuracy") is not None for runs in results.values() for s in runs)
     has_target = any(s.get("target_accuracy") for runs in results.values() for s in runs)
+    has_memory = any(s.get("max_memory_ratio") is not None for runs in results.values() for s in runs)
     rows = []
     for label, runs in results.items():
         cells = [seed_cell(runs, "accuracy")] + [seed_cell(runs, f"global/{c}") for c in columns]
@@ -128,6 +130,9 @@ def bench_table(results: dict[str, list[dict]]) -> str:
         cells.append(seed_cell(runs, "best_round", scale=1.0, digits=1))
         if has_target:
             cells.append(seed_cell(runs, "rounds_to_target", scale=1.0, digits=1, missing="not reached"))
+        if has_memory:
+            cells.append(seed_cell(runs, "max_memory_ratio", scale=1.0, digits=3))
+            cells.append(seed_cell(runs, "within_budget"))
         cells.append(seed_cell(runs, "bytes_down_per_round", scale=1e-6))
         cells.append(seed_cell(runs, "wall_seconds", scale=1.0, digits=1))
         rows.append([label, str(len(runs))] + cells)
@@ -135,6 +140,7 @@ def bench_table(results: dict[str, list[dict]]) -> str:
     header = (["method", "seeds", "accuracy (%)"] + [f"{c} (%)" for c in columns]
               + (["local (%)"] if has_local else []) + ["best (%)", "last-third gain (pp)", "best round"]
               + ([f"rounds to {'/'.join(f'{100 * t:g}' for t in targets)}%"] if has_target else [])
+              + (["max memory/budget", "client-rounds within budget (%)"] if has_memory else [])
               + ["MB down/round", "wall (s)"])
     return format_table(header, rows, markdown=True)
 

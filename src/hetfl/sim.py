@@ -50,6 +50,8 @@ class RoundLog:
     eval: dict = field(default_factory=dict)
     local_accuracy: float | None = None  # mean over clients of their level model on their own test split
     dropped: int = 0  # updates rejected before aggregation (non-finite values, wrong shapes)
+    # clients whose trainer measures its steps (blockwise): client -> the largest step's bytes, the budget, their ratio
+    memory: dict[str, dict] | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -177,9 +179,12 @@ class Simulation:
                     log.dropped += 1
                     warn_dropped(self.run_dir, client, round_index, reason)
                     continue
-                if store:
+                if store and own is not None:  # a client may have no state of its own (yet)
                     store.save(client, own)
                 log.clients += 1
+                if "memory_bytes" in update.metrics:
+                    log.memory = log.memory or {}
+                    log.memory[str(client)] = _memory_record(update.metrics)
                 log.bytes_down += state_bytes(local)
                 log.bytes_up += state_bytes(update.state)
                 losses.append(update.metrics["train_loss"])
@@ -301,10 +306,25 @@ class Simulation:
             "local_accuracy": evaluated[-1].get("local_accuracy") if evaluated else None,
             "target_accuracy": self.cfg.target_accuracy,
             "rounds_to_target": rounds_to_target(curve, self.cfg.target_accuracy),
+            **_memory_summary(self.history),
             "bytes_down_per_round": sum(r["bytes_down"] for r in self.history) / n,
             "bytes_up_per_round": sum(r["bytes_up"] for r in self.history) / n,
             "wall_seconds": self.elapsed, "run_dir": str(self.run_dir),
         }
+
+
+def _memory_record(metrics: dict) -> dict:
+    """A client's measured memory this round: its largest step's bytes, its budget and their ratio."""
+    used, budget = metrics["memory_bytes"], metrics["memory_budget"]
+    return {"used_bytes": used, "budget_bytes": budget, "ratio": used / budget}
+
+
+def _memory_summary(history: list[dict]) -> dict:
+    """Over every client and round that measured its steps: the largest used/budget ratio and the share within
+    budget (None for both when none did)."""
+    ratios = [c["ratio"] for r in history for c in (r.get("memory") or {}).values()]
+    return {"max_memory_ratio": max(ratios, default=None),
+            "within_budget": sum(x <= 1 for x in ratios) / len(ratios) if ratios else None}
 
 
 def _postfix(history: list[dict], headline) -> dict:

@@ -29,6 +29,7 @@ class SubModel:
     group: str = ""  # prefix of this sub-model's own names in the global state ("" = the one shared model)
     shared: tuple[str, ...] = ()  # name prefixes that stay unprefixed: shared with every group
     level: int = 0  # the device level whose own model this is, for methods that keep one per level (0 = none)
+    bases: tuple[int, ...] = ()  # SplitMix: the base networks held (each a full model at ``width``), () = not split
 
     def global_name(self, name: str) -> str:
         """The global-state name of this sub-model's local tensor ``name``."""
@@ -45,7 +46,7 @@ class SubModel:
         """The spec serialised by ``to_dict``."""
         exits = d.get("exits")
         return cls(int(d["depth"]), float(d.get("width", 1.0)), None if exits is None else tuple(exits),
-                   d.get("group", ""), tuple(d.get("shared", ())), int(d.get("level", 0)))
+                   d.get("group", ""), tuple(d.get("shared", ())), int(d.get("level", 0)), tuple(d.get("bases", ())))
 
 
 def corner(shape: torch.Size | tuple[int, ...]) -> tuple[slice, ...]:

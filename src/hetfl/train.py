@@ -51,15 +51,18 @@ class ClientData:
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def batches(num_samples: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+def batches(num_samples: int, batch_size: int, generator: torch.Generator, within: bool = False) -> list[torch.Tensor]:
     """A seeded shuffle of range(num_samples) cut into batches (the last one may be smaller).
 
     A last batch of one sample joins the one before: batch statistics of a single sample are
-    undefined where the features are 1x1 (BatchNorm raises).
+    undefined where the features are 1x1 (BatchNorm raises). With ``within``, the last two batches
+    are instead split in halves, so that no batch exceeds ``batch_size`` (a memory budget measured
+    at the batch size then holds for every step).
     """
     parts = list(torch.randperm(num_samples, generator=generator).split(batch_size))
     if len(parts) > 1 and len(parts[-1]) == 1:
-        parts[-2:] = [torch.cat(parts[-2:])]
+        tail = torch.cat(parts[-2:])
+        parts[-2:] = list(tail.split((len(tail) + 1) // 2)) if within else [tail]
     return parts
 
 
@@ -72,19 +75,23 @@ def local_sgd(
     generator: torch.Generator,
     anchor: list[torch.Tensor] | None = None,
     linear_term: list[torch.Tensor] | None = None,
+    params: list[nn.Parameter] | None = None,
+    within_batch_size: bool = False,
 ) -> float:
     """Train ``model`` in place for ``opts.epochs`` epochs; returns the mean training loss per batch.
 
     ``anchor`` (the round's global weights, in parameter order) enables the FedProx and FedDyn
-    pulls; ``linear_term`` is FedDyn's g_k in local shape.
+    pulls; ``linear_term`` is FedDyn's g_k in local shape. ``params``: the parameters the optimizer
+    moves (default all of ``model``'s; no other parameter changes, not even by momentum or weight
+    decay); ``within_batch_size``: no batch exceeds the batch size (``batches``).
     """
-    params = [p for p in model.parameters()]
+    params = list(model.parameters()) if params is None else params
     optimizer = torch.optim.SGD(params, lr=lr, momentum=opts.momentum, weight_decay=opts.weight_decay)
     model.train()
     pull = opts.prox_mu + opts.feddyn_alpha
     total, steps = torch.zeros((), device=data.x.device), 0
     for _ in range(opts.epochs):
-        for batch in batches(len(data), opts.batch_size, generator):
+        for batch in batches(len(data), opts.batch_size, generator, within_batch_size):
             idx = data.indices[batch.to(data.indices.device)]
             x = data.x[idx]
             if opts.crop_padding or opts.flip:

@@ -106,15 +106,12 @@ def _claim_problem(claim: dict, labels: list[str]) -> str | None:
 # where a run is written, what its report looks for, and how often it checkpoints by the clock (which never
 # changes its results, and was added after bench folders were named by these values)
 NOT_THE_RUN = ("out", "name", "target_accuracy", "checkpoint_seconds")
-# options added after bench folders were named, at the value that reproduces the runs made before them:
-# left out of the key at that value, so those runs keep their folders (a new value makes a new key)
-ADDED_LATER = {"split_nested": True}
 
 
 def run_values(cfg: Config) -> dict:
-    """Everything that defines the run's results (not where it is written or what is reported)."""
-    return {k: v for k, v in cfg.to_dict().items()
-            if k not in NOT_THE_RUN and not (k in ADDED_LATER and ADDED_LATER[k] == v)}
+    """Everything that defines the run's results (not where it is written or what is reported); an option
+    added later is in it only when set (``Config.to_dict``), so earlier runs keep their folders."""
+    return {k: v for k, v in cfg.to_dict().items() if k not in NOT_THE_RUN}
 
 
 def config_key(cfg: Config) -> str:

@@ -9,19 +9,22 @@ from typing import Any
 
 from ..config import Config
 from ..errors import HetflError
-from ..options import option_fields
+from ..options import option_fields, recorded
 from .alllarge import AllLarge
 from .allsmall import AllSmall
 from .base import Method
 from .decoupled import Decoupled
 from .depthfl import DepthFL, DepthFLFedAvg
 from .exclusivefl import ExclusiveFL
+from .fedepth import FeDepth, MFeDepth
 from .heterofl import HeteroFL, SHeteroFL
 from .inclusivefl import InclusiveFL, InclusiveFLWithoutMD
 from .scalefl import ScaleFL
+from .splitmix import SplitMix
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (AllLarge, AllSmall, ExclusiveFL, Decoupled, DepthFL, DepthFLFedAvg, InclusiveFL,
-                                                InclusiveFLWithoutMD, HeteroFL, SHeteroFL, ScaleFL)}
+                                                InclusiveFLWithoutMD, HeteroFL, SHeteroFL, ScaleFL, FeDepth, MFeDepth,
+                                                SplitMix)}
 
 
 def method_class(name: str) -> type[Method]:
@@ -51,7 +54,8 @@ def config_from(values: dict[str, Any], source: str = "config") -> Config:
             raise HetflError(f"{source}: {key} is an option of {', '.join(methods)}; method '{cls.name}' does not "
                              f"use it; drop it")
     cfg = Config.from_dict({**cls.defaults, **values}, source, options=cls.Options)
-    return cfg.replace(method_options=asdict(cls.options_of(cfg)))  # the resolved config records them all
+    # the resolved config records them all (but options added later only when set)
+    return cfg.replace(method_options=recorded(asdict(cls.options_of(cfg)), cls.Options))
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:

@@ -22,9 +22,9 @@ from typing import ClassVar
 import torch
 
 from ..aggregation import MaskedMean, ServerState, make_server_optimizer
-from ..client import ModelCache, Update, describe_family
-from ..costs import measure
-from ..devices import Budget, fit_largest, level_budgets
+from ..client import ModelCache, Update, build_model, describe_family
+from ..costs import measure, width_memory
+from ..devices import Budget, fit_largest, level_budgets, width_budgets
 from ..errors import HetflError
 from ..losses import ensemble_logits
 from ..models import ModelFamily, model_family
@@ -52,6 +52,8 @@ class Method:
         self.cfg = cfg
         self.options = self.options_of(cfg)
         self.splits: list[Split] | None = None
+        if cfg.scaling == "2d" and cfg.exits:
+            raise HetflError("2d scaling places the exits after the levels' depth cuts (ScaleFL Alg. 1); drop --exits")
         if cfg.scaling == "2d":  # Eq. (1) per level, then an exit after every level's cut (ScaleFL Alg. 1)
             self.splits = split_search(family.with_exits(tuple(range(family.arch.num_blocks))),
                                        cfg.level_budget_ratios, cfg.level_split_epsilons, cfg.split_cost,
@@ -65,7 +67,7 @@ class Method:
         self._level_table: list[SubModel] | None = None
         self._fitted: dict[Budget, SubModel] = {}
         choices = len(self.candidates())
-        if num_levels > choices:
+        if cfg.budget == "level" and num_levels > choices:  # physical budgets may share a sub-model
             raise HetflError(f"levels {num_levels} is beyond the depth of model '{family.name}' ({choices} sub-models "
                              f"for method '{self.name}' with {cfg.scaling} scaling); use at most {choices} levels")
         self.models = ModelCache(family, device, scaler=cfg.scaler)
@@ -93,8 +95,10 @@ class Method:
 
     @classmethod
     def make_family(cls, cfg, input_shape: tuple[int, ...], num_classes: int) -> ModelFamily:
-        """The backbone this method trains for ``cfg`` (a registered family, so a client builds the same)."""
-        return model_family(cfg.model, tuple(input_shape), num_classes, cfg.model_width, cfg.norm)
+        """The backbone this method trains for ``cfg`` (a registered family, so a client builds the same), with the
+        exits ``cfg.exits`` asks for (default the backbone's)."""
+        return model_family(cfg.model, tuple(input_shape), num_classes, cfg.model_width, cfg.norm,
+                            tuple(cfg.exits) or None)
 
     @property
     def inference(self) -> str:
@@ -121,12 +125,17 @@ class Method:
         self._level_table, self._fitted = None, {}
 
     def fit_budgets(self, who=None) -> None:
-        """Level l's budget = ratio_l x the full model's measured cost (config ``budget``); every level must fit.
+        """Level l's budget = ratio_l x the full model's measured cost, or with ``width-memory`` the measured training
+        memory of the full-depth backbone at width ratio_l (config ``budget``); every level must fit.
 
         ``who(level)`` names the devices of a level in the error (default "level l").
         """
-        full = self.cost(self.candidates()[-1])
-        self.use_budgets(level_budgets(self.cfg.budget, self.cfg.level_budget_ratios, full), self.cost)
+        ratios = self.cfg.level_budget_ratios
+        if self.cfg.budget == "width-memory":
+            budgets = width_budgets(ratios, lambda r: width_memory(self.family, r, self.cfg.batch_size))
+        else:
+            budgets = level_budgets(self.cfg.budget, ratios, self.cost(self.candidates()[-1]))
+        self.use_budgets(budgets, self.cost)
         for level in range(1, self.num_levels + 1):
             try:
                 self.level_spec(level)
@@ -187,9 +196,7 @@ class Method:
 
     def initial_params(self, spec: SubModel, seed: int) -> State:
         """Freshly initialised tensors of ``spec``'s model (seeded), under their global names."""
-        model = self.family.build(depth=spec.depth, width=spec.width, seed=seed)
-        if spec.exits is not None:
-            model.keep_exits(spec.exits)
+        model = build_model(self.family, spec, seed)
         return {spec.global_name(n): t.detach().to(self.device) for n, t in model.state_dict().items()}
 
     def plan(self, client: int, budget: Budget, round_index: int) -> SubModel | None:
@@ -211,10 +218,10 @@ class Method:
         return self.task(state, spec, client, round_index), extract(state.params, self.models.shapes(spec), spec)
 
     def task(self, state: ServerState, spec: SubModel, client: int, round_index: int) -> Task:
-        """The task of training ``spec`` at ``client`` this round: the recipe, and the global shapes of the
-        client's state tensors when its clients keep state."""
+        """The task of training ``spec`` at ``client`` this round: the recipe, and with FedDyn the global shapes of
+        the client's state tensors."""
         state_shapes = None
-        if self.stateful_clients:
+        if self.cfg.server_opt == "feddyn":
             keys = [spec.global_name(n) for n in self.models.shapes(spec)]
             state_shapes = {k: tuple(state.params[k].shape) for k in keys}
         return Task(spec=spec, family=self.family_spec, loss=self.recipe(spec, round_index),
@@ -238,6 +245,11 @@ class Method:
     def eval_specs(self) -> dict[str, SubModel]:
         """Sub-models to evaluate, by label; "global" is the headline model."""
         return {"global": self.full_spec()}
+
+    def budget_report(self) -> dict | None:
+        """What each level's budget buys beyond its sub-model's costs (``hetfl costs --method``): {title: {"header":
+        [...], "rows": [[...]]}} as plain values; None for methods whose levels are just their sub-models."""
+        return None
 
     def level_eval_specs(self) -> dict[str, SubModel]:
         """The largest level's model as "global", and every smaller level's model as "level{l}"."""

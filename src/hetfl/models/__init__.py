@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -22,7 +22,8 @@ class ModelFamily:
     input_shape: tuple[int, int, int]
     num_classes: int
     arch: ArchSpec
-    builder: Callable[..., MultiExitModel]
+    builder: Callable[..., MultiExitModel] = field(compare=False)  # fixed by the name and the exits: equal families
+    # (and so the cost model's caches) do not depend on which call made them
     base_width: float = 1.0  # the global model's own width multiplier
     norm: str = "bn"
     channels: tuple[int, ...] = ()  # what a width ratio scales (channels, or the ViT's heads), at width 1

@@ -96,3 +96,20 @@ class MultiExitModel(nn.Module):
                 h = between(b, h)
             logits.extend(self.exits[i](h) for i in self.active if self.exit_after[i] == b)
         return logits
+
+
+class BaseEnsemble(nn.ModuleDict):
+    """SplitMix's split model (Hong et al., 2022): independent base networks ``base{i}``, no shared parameter.
+
+    ``forward`` returns the last exit's logits of every base, in index order: training sums their
+    cross-entropies (each base learns alone), inference mixes them (the mean of the logits, the
+    ensemble). Parameter names are ``base{i}.<the base's own name>``.
+    """
+
+    def __init__(self, bases: dict[int, MultiExitModel]):
+        super().__init__({f"base{i}": model for i, model in sorted(bases.items())})
+        self.exit_numbers = tuple(i + 1 for i in sorted(bases))  # "exit{i+1}" is base i alone
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The last exit's logits of every base."""
+        return [base(x)[-1] for base in self.values()]

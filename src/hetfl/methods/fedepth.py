@@ -1,0 +1,217 @@
+"""FeDepth and m-FeDepth (Zhang et al., "Memory-adaptive Depth-wise Heterogeneous Federated Learning", 2023).
+
+Every client trains the FULL model, block group by block group, each group's step within its
+measured memory budget. Algorithm 1 as hetfl runs it:
+
+* Sec. 5.1, "Memory budgets" - a budget of ratio r is the measured training memory of the
+  full-depth model at width r (``--budget width-memory``; Fair r = 1/6, 1/3, 1/2, 1 by default,
+  Surplus 1/6, 1/3, 1/2, 2), drawn by the scenario for every client (uniformly with equal
+  proportions).
+* lines 2-3 - the sampled clients receive the whole global model W^t                  -> ``plan``
+* Sec. 4, Fig. 3 - memory-adaptive decomposition, per client from its own budget: consecutive
+  blocks are grouped greedily from the input side while the measured memory of a step of the
+  group fits (``costs.group_memory``: the group's and the head path's saved activations, the
+  frozen prefix keeping nothing, + its parameters, gradients and momentum); a block that does not
+  fit even alone is never trained by that client (Sec. "Handle extreme memory constraints":
+  partial training). Planned on the server, which holds the cost model, and sent in the client's
+  task (``task.Blockwise``)                                                 -> ``decompose``, ``schedule``
+* lines 9-15, problem (1) - depth-wise sequential learning on the client with the skip connection
+  of Fig. 4 or auxiliary classifiers (``fedepth_head``); every group runs the full local budget
+  of steps; the frozen prefix's output optionally buffered (``buffer_prefix``)
+                                                                  -> ``blockwise`` (the client side)
+* line 7 - aggregation: the sample-weighted average, each tensor over the clients that trained it
+  (a client uploads the blocks it trained, so a block left out by partial training is averaged
+  over the clients with the memory for it, as Sec. "Handle extreme memory constraints" says)
+                                                                                 -> ``Method.aggregate``
+* inference - the global model's head (the last exit).
+
+m-FeDepth (Sec. "Exploit sufficient memory with mutual knowledge distillation"): a client whose
+budget affords M >= 2 models trains them together with deep mutual learning and uploads one.
+"Affords" is read as: M copies of every one of FeDepth's own groups fit the budget (the largest
+such M up to ``mutual_models``); a budget that trains one full model at once and affords two
+(Surplus r = 2) trains two full models, and a client never trades depth for extra models. Where the
+other models live between rounds: ``client._blockwise_update`` (the client's own state on disk).
+
+The paper is silent on BatchNorm; as for every hetfl method, BN uses batch statistics in training
+and static statistics of the training data for evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..costs import group_memory
+from ..devices import Budget, describe_budget
+from ..errors import HetflError
+from ..options import opt
+from ..slicing import SubModel
+from ..task import BLOCKWISE_HEADS, Blockwise
+from .base import Method
+from .options import NoOptions
+
+Group = tuple[int, int]  # (first, last) blocks, 0-based, inclusive
+
+
+def decompose(num_blocks: int, cost: Callable[[int, int], float], budget: float) -> tuple[Group, ...]:
+    """Fig. 3: the groups (first, last) of consecutive blocks, grown greedily from the input side while
+    ``cost(first, last)`` fits ``budget``; a block whose cost alone exceeds the budget is in no group."""
+    groups, first = [], 0
+    while first < num_blocks:
+        if cost(first, first) > budget:  # partial training: this block is never trained here
+            first += 1
+            continue
+        last = first
+        while last + 1 < num_blocks and cost(first, last + 1) <= budget:
+            last += 1
+        groups.append((first, last))
+        first = last + 1
+    return tuple(groups)
+
+
+@dataclass(frozen=True)
+class Options(NoOptions):
+    """How a group reaches a classifier, and buffering of the frozen prefix."""
+
+    fedepth_head: str = opt("skip", "FeDepth: a block group reaches the classifier by the parameter-free skip "
+                            "connection to the model's head (skip) or by an auxiliary classifier after every "
+                            "block (aux)", BLOCKWISE_HEADS)
+    buffer_prefix: bool = opt(False, "FeDepth: keep the frozen prefix's output of every local sample while a group "
+                              "trains, where the budget affords it (Sec. 4); not with augmentation")
+
+    def check(self, cfg) -> None:
+        if cfg.budget not in ("width-memory", "memory"):
+            raise HetflError(f"FeDepth decomposes the model by measured training memory: use --budget width-memory "
+                             f"(the paper's budgets) or memory, not '{cfg.budget}'")
+        if cfg.server_opt == "feddyn":
+            raise HetflError("FeDepth trains with --server-opt fedavg (Alg. 1) or fedadam, not feddyn")
+        if cfg.exits:
+            raise HetflError("FeDepth places its own exits (the head; with --fedepth-head aux, one after every "
+                             "block); drop --exits")
+        if self.buffer_prefix and (cfg.crop_padding or cfg.flip):
+            raise HetflError("buffer_prefix keeps the prefix's output of un-augmented samples; drop it or turn off "
+                             "--crop-padding and --flip")
+
+
+class FeDepth(Method):
+    name = "fedepth"
+    summary = "every client trains the full model block group by block group within its measured memory (FeDepth)"
+    Options = Options
+    scalings = ("depth",)
+    defaults = {"budget": "width-memory", "budget_ratios": [1 / 6, 1 / 3, 1 / 2, 1.0]}
+
+    def __init__(self, cfg, family, num_levels, device="cpu"):
+        super().__init__(cfg, family, num_levels, device)
+        self._schedules: dict[Budget, Blockwise] = {}
+
+    @classmethod
+    def make_family(cls, cfg, input_shape, num_classes):
+        """The backbone with its head only, or with an auxiliary classifier after every block (``fedepth_head``)."""
+        family = super().make_family(cfg, input_shape, num_classes)
+        n = family.arch.num_blocks
+        aux = cfg.method_options.get("fedepth_head", Options.fedepth_head) == "aux"
+        return family.with_exits(tuple(range(n)) if aux else (n - 1,))
+
+    @property
+    def aux(self) -> bool:
+        """Whether groups train auxiliary classifiers rather than the shared head."""
+        return self.options.fedepth_head == "aux"
+
+    def candidates(self) -> list[SubModel]:
+        """The full model: every client trains all of it."""
+        return [self.full_spec()]
+
+    def fit(self, budget: Budget) -> SubModel:
+        """The full model, once the budget is checked to afford the training of at least one block."""
+        self.schedule(budget)
+        return self.full_spec()
+
+    def plan(self, client, budget, round_index) -> SubModel:
+        """Alg. 1 line 3: the whole global model."""
+        return self.fit(budget)
+
+    def configure(self, state, client, budget, round_index):
+        """The task of training the whole model block-wise, with the client's decomposition (Fig. 3)."""
+        task, local = super().configure(state, client, budget, round_index)
+        return replace(task, trainer="blockwise", blockwise=self.schedule(budget)), local
+
+    # ---- the decomposition --------------------------------------------------------------------
+    def group_cost(self, first: int, last: int, models: int = 1) -> int:
+        """Measured bytes of one step of training blocks first..last with ``models`` models at the batch size."""
+        return group_memory(self.family, first, last, self.cfg.batch_size, self.options.fedepth_head, models)
+
+    def schedule(self, budget: Budget) -> Blockwise:
+        """The plan of a client with ``budget``: its groups (Fig. 3), its number of models, the planned bytes."""
+        if budget not in self._schedules:
+            limit = budget.memory_bytes
+            groups = decompose(self.family.arch.num_blocks, self.group_cost, limit)
+            if not groups:
+                smallest = min(self.group_cost(b, b) for b in range(self.family.arch.num_blocks))
+                raise HetflError(f"a budget of {describe_budget(budget)} trains no block of {self.family.name}: the "
+                                 f"smallest needs {smallest / 2**20:.2f} MiB")
+            models = self.models_for(groups, limit)
+            self._schedules[budget] = Blockwise(
+                groups=groups, head=self.options.fedepth_head, models=models, budget_bytes=limit,
+                group_bytes=tuple(self.group_cost(f, l, models) for f, l in groups), buffer=self.options.buffer_prefix)
+        return self._schedules[budget]
+
+    def models_for(self, groups: tuple[Group, ...], limit: int) -> int:
+        """How many models a client trains together: 1 (FeDepth)."""
+        return 1
+
+    def budget_report(self) -> dict:
+        """The per-block memory (each block trained alone) and every level's decomposition, as Table 1 and the
+        B1 -> B2 -> ... example of Sec. 5.1."""
+        n = self.family.arch.num_blocks
+        mib = lambda b: f"{b / 2**20:.2f}"  # noqa: E731
+        blocks = [[f"B{b + 1}", mib(self.group_cost(b, b)), mib(self.group_cost(b, b + 1)) if b + 1 < n else "-"]
+                  for b in range(n)]
+        levels = []
+        for level, budget in enumerate(self.level_budgets or [], start=1):
+            plan = self.schedule(budget)
+            trained = {b for f, l in plan.groups for b in range(f, l + 1)}
+            levels.append([f"level {level}", mib(budget.memory_bytes), " -> ".join(map(_group_label, plan.groups)),
+                           ",".join(f"B{b + 1}" for b in range(n) if b not in trained) or "-", str(plan.models),
+                           f"{max(plan.group_bytes) / budget.memory_bytes:.3f}"])
+        return {"per block (each block trained alone, the head path included; Table 1)":
+                {"header": ["block", "train MiB alone", "train MiB with the next"], "rows": blocks},
+                "decomposition per budget (Fig. 3, Sec. 5.1)":
+                {"header": ["budget", "MiB", "decomposition", "never trained", "models", "largest step / budget"],
+                 "rows": levels}}
+
+
+def _group_label(group: Group) -> str:
+    """B1, or B5,6 (1-based blocks, the paper's notation)."""
+    first, last = group
+    return "B" + ",".join(str(b + 1) for b in range(first, last + 1))
+
+
+@dataclass(frozen=True)
+class MutualOptions(Options):
+    """FeDepth's options, and the most models an m-FeDepth client trains together."""
+
+    mutual_models: int = opt(2, "m-FeDepth: the most models a client trains together by deep mutual learning, "
+                             "where its budget affords them (>= 2)")
+
+    def check(self, cfg) -> None:
+        super().check(cfg)
+        if self.mutual_models < 2:
+            raise HetflError(f"mutual_models must be >= 2, got {self.mutual_models}; for one model use --method "
+                             "fedepth")
+
+
+class MFeDepth(FeDepth):
+    name = "m-fedepth"
+    summary = "FeDepth where clients with spare memory train M models by deep mutual learning, uploading one"
+    Options = MutualOptions
+
+    def models_for(self, groups: tuple[Group, ...], limit: int) -> int:
+        """The most models (up to ``mutual_models``) whose copies of every one of FeDepth's groups fit ``limit``."""
+        fits = [m for m in range(2, self.options.mutual_models + 1)
+                if all(self.group_cost(f, l, m) <= limit for f, l in groups)]
+        return max(fits, default=1)
+
+    @property
+    def stateful_clients(self) -> bool:
+        """Whether some budget affords several models: the others live in their client's own state between rounds."""
+        return any(self.schedule(b).models > 1 for b in self.level_budgets or [])
