@@ -78,7 +78,7 @@ def local_sgd(
     ``anchor`` (the round's global weights, in parameter order) enables the FedProx and FedDyn
     pulls; ``linear_term`` is FedDyn's g_k in local shape.
     """
-    params = [p for p in model.parameters()]
+    params = [p for p in model.parameters() if p.requires_grad]  # a frozen backbone stays bit-identical
     optimizer = torch.optim.SGD(params, lr=lr, momentum=opts.momentum, weight_decay=opts.weight_decay)
     model.train()
     pull = opts.prox_mu + opts.feddyn_alpha

@@ -103,7 +103,7 @@ def _claim_problem(claim: dict, labels: list[str]) -> str | None:
 NOT_THE_RUN = ("out", "name", "target_accuracy", "checkpoint_seconds")
 # options added after bench folders were named, at the value that reproduces the runs made before them:
 # left out of the key at that value, so those runs keep their folders (a new value makes a new key)
-ADDED_LATER = {"split_nested": True}
+ADDED_LATER = {"split_nested": True, "finetune": "full", "adapter_rank": 32, "max_length": 128, "exit_every": 0}
 
 
 def run_values(cfg: Config) -> dict:
@@ -266,7 +266,7 @@ def _model_costs(resolved: dict[str, Config]) -> dict[str, dict[str, dict]]:
 
     out = {}
     for label, cfg in resolved.items():
-        data = load_dataset(cfg.dataset, cfg.data_dir or None)  # cached per process
+        data = load_dataset(cfg.dataset, cfg.data_dir or None, cfg.max_length)  # cached per process
         method = build_method(cfg, data.input_shape, data.num_classes)
         rows = cost_rows(method.family, method.eval_specs(), cfg.batch_size, latency=True)
         out[label] = {r["label"]: r for r in rows}

@@ -18,10 +18,12 @@ from .depthfl import DepthFL, DepthFLFedAvg
 from .exclusivefl import ExclusiveFL
 from .heterofl import HeteroFL, SHeteroFL
 from .inclusivefl import InclusiveFL, InclusiveFLWithoutMD
+from .reefl import ReeFL, ReeFLWithoutKD
 from .scalefl import ScaleFL
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (AllLarge, AllSmall, ExclusiveFL, Decoupled, DepthFL, DepthFLFedAvg, InclusiveFL,
-                                                InclusiveFLWithoutMD, HeteroFL, SHeteroFL, ScaleFL)}
+                                                InclusiveFLWithoutMD, HeteroFL, SHeteroFL, ScaleFL,
+                                                ReeFL, ReeFLWithoutKD)}
 
 
 def method_class(name: str) -> type[Method]:

@@ -28,6 +28,7 @@ from ..devices import Budget, fit_largest, level_budgets
 from ..errors import HetflError
 from ..losses import ensemble_logits
 from ..models import ModelFamily, model_family
+from ..models.base import federated_state
 from ..options import check_choices, option_fields
 from ..slicing import SCALINGS, State, SubModel, extract
 from ..splits import Split, split_search
@@ -93,8 +94,14 @@ class Method:
 
     @classmethod
     def make_family(cls, cfg, input_shape: tuple[int, ...], num_classes: int) -> ModelFamily:
-        """The backbone this method trains for ``cfg`` (a registered family, so a client builds the same)."""
-        return model_family(cfg.model, tuple(input_shape), num_classes, cfg.model_width, cfg.norm)
+        """The backbone this method trains for ``cfg`` (a registered family, so a client builds the same), with
+        an exit after every ``exit_every``-th block when the config asks."""
+        family = model_family(cfg.model, tuple(input_shape), num_classes, cfg.model_width, cfg.norm,
+                              finetune=cfg.finetune, adapter_rank=cfg.adapter_rank)
+        if not cfg.exit_every:
+            return family
+        blocks = family.arch.num_blocks
+        return family.with_exits(tuple(range(blocks - 1, -1, -cfg.exit_every))[::-1])
 
     @property
     def inference(self) -> str:
@@ -190,7 +197,7 @@ class Method:
         model = self.family.build(depth=spec.depth, width=spec.width, seed=seed)
         if spec.exits is not None:
             model.keep_exits(spec.exits)
-        return {spec.global_name(n): t.detach().to(self.device) for n, t in model.state_dict().items()}
+        return {spec.global_name(n): t.detach().to(self.device) for n, t in federated_state(model).items()}
 
     def plan(self, client: int, budget: Budget, round_index: int) -> SubModel | None:
         """The sub-model ``client`` trains this round, or None if it sits the round out."""

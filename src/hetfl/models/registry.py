@@ -5,15 +5,34 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
+
+def image_input(batch: int, input_shape: tuple[int, ...], generator: torch.Generator | None = None) -> torch.Tensor:
+    """A batch of example inputs (cost measurements): zeros, or standard normal values when seeded."""
+    if generator is None:
+        return torch.zeros(batch, *input_shape)
+    return torch.randn(batch, *input_shape, generator=generator)
+
 
 @dataclass(frozen=True)
 class FamilyEntry:
     """How to build a registered backbone: its blocks, default exits, width-scaled sizes and builder."""
 
-    num_blocks: int
-    default_exits: tuple[int, ...]  # 0-based blocks an exit reads by default (the last block included)
+    num_blocks: int | Callable[[], int]  # or a function reading it (a pretrained encoder's layers)
+    default_exits: tuple[int, ...] | None  # 0-based blocks an exit reads by default (None: every block)
     channels: tuple[int, ...]  # what a width ratio scales at width 1 (channels, or the ViT's heads)
     builder: Callable  # builder(input_shape, num_classes, *, width, depth, norm, exit_after) -> MultiExitModel
+    pretrained: bool = False  # built from pretrained weights: its builder takes finetune and adapter_rank
+    example_input: Callable[..., torch.Tensor] = image_input  # example_input(batch, input_shape, generator)
+
+    def blocks(self) -> int:
+        """The number of blocks of the global model."""
+        return self.num_blocks() if callable(self.num_blocks) else self.num_blocks
+
+    def exits(self) -> tuple[int, ...]:
+        """The blocks the default exits read."""
+        return tuple(range(self.blocks())) if self.default_exits is None else self.default_exits
 
 
 FAMILIES: dict[str, FamilyEntry] = {}
