@@ -8,7 +8,8 @@ from hetfl.methods import METHODS
 from hetfl.slicing import corner
 from hetfl.train import ClientData
 
-OPTIONS = {"inclusivefl": {"model": "vit"}}  # momentum distillation needs blocks of one shape
+# momentum distillation needs blocks of one shape; Ree a class token
+OPTIONS = {"inclusivefl": {"model": "vit"}, "reefl": {"model": "vit"}, "reefl-nokd": {"model": "vit"}}
 
 
 @pytest.mark.parametrize("method", list(METHODS))

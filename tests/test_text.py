@@ -122,3 +122,12 @@ def test_a_corrupt_data_file_is_refused(tmp_path, monkeypatch):
 def test_finetune_modes_need_a_pretrained_backbone():
     with pytest.raises(text.HetflError, match="needs a pretrained backbone"):
         model_family("vit", (1, 28, 28), 10, finetune="lora")
+
+
+def test_a_backbone_refuses_inputs_of_the_other_kind():
+    with pytest.raises(text.HetflError, match="reads images"):
+        model_family("vit", (64,), 8)
+    with pytest.raises(text.HetflError, match="reads token ids"):
+        model_family("minilm", (1, 28, 28), 10)
+    with pytest.raises(text.HetflError, match="class token"):
+        model_family("cnn", (1, 8, 8), 10, head="ree").build()

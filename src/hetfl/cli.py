@@ -162,7 +162,8 @@ def cmd_bench(args) -> int:
 
 # (input shape, classes) of the named datasets, so costs need no data files
 DATASET_SHAPES = {"fmnist": ((1, 28, 28), 10), "mnist": ((1, 28, 28), 10), "emnist": ((1, 28, 28), 47),
-                  "cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100), "digits": ((1, 8, 8), 10)}
+                  "cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100), "digits": ((1, 8, 8), 10),
+                  "r8": ((128,), 8), "20ng": ((128,), 20)}  # text: (max_length,) token ids, the default length
 
 
 def cmd_costs(args) -> int:
@@ -181,6 +182,7 @@ def cmd_costs(args) -> int:
     cfg = config_from(options, source="flags").validate()
     if cfg.dataset in DATASET_SHAPES:  # no data files needed for the named datasets
         shape, classes = DATASET_SHAPES[cfg.dataset]
+        shape = (cfg.max_length,) if len(shape) == 1 else shape
     else:
         from .data import load_dataset
 

@@ -12,7 +12,7 @@ from ..errors import HetflError
 from . import cifar_resnet, convnet, minilm, resnet, vit  # noqa: F401  (each registers its families)
 from .base import ArchSpec, MultiExitModel, scaled
 from .finetune import FINETUNE_MODES
-from .ree import HEADS, ReeModel
+from .ree import HEAD_KINDS, ReeModel
 from .registry import FAMILIES, FamilyEntry, image_input, register_family
 
 
@@ -30,7 +30,7 @@ class ModelFamily:
     channels: tuple[int, ...] = ()  # what a width ratio scales (channels, or the ViT's heads), at width 1
     finetune: str = "full"  # what of a pretrained backbone trains (``finetune.FINETUNE_MODES``)
     adapter_rank: int = 32  # rank of LoRA and of the adapters
-    head: str = "exits"  # an exit per exit block, or ReeFL's Ree + shared classifier (``ree.HEADS``)
+    head: str = "exits"  # an exit per exit block, or ReeFL's Ree + shared classifier (``ree.HEAD_KINDS``)
     example_input: Callable[..., torch.Tensor] = image_input  # example_input(batch, input_shape, generator)
     pretrained: bool = False
 
@@ -95,8 +95,11 @@ def model_family(name: str, input_shape: tuple[int, ...], num_classes: int, widt
                          "from scratch: drop --finetune or set it to full")
     if adapter_rank < 1:
         raise HetflError(f"adapter_rank must be an integer >= 1, got {adapter_rank}")
-    if head not in HEADS:
-        raise HetflError(f"head '{head}' is unknown; choose one of: {', '.join(HEADS)}")
+    if head not in HEAD_KINDS:
+        raise HetflError(f"head '{head}' is unknown; choose one of: {', '.join(HEAD_KINDS)}")
+    if len(input_shape) != (1 if entry.text else 3):
+        wanted = "token ids: use a text dataset (20ng, r8)" if entry.text else "images: a text dataset needs --model minilm"
+        raise HetflError(f"model '{name}' reads {wanted}; got inputs of shape {tuple(input_shape)}")
     num_blocks = entry.blocks()
     exits = tuple(entry.exits() if exit_after is None else exit_after)
     if not exits or list(exits) != sorted(set(exits)) or exits[-1] != num_blocks - 1 or exits[0] < 0:
@@ -107,5 +110,5 @@ def model_family(name: str, input_shape: tuple[int, ...], num_classes: int, widt
                        head, entry.example_input, entry.pretrained)
 
 
-__all__ = ["ArchSpec", "FAMILIES", "FamilyEntry", "ModelFamily", "MultiExitModel", "MODEL_NAMES", "NORMS", "FINETUNE_MODES", "HEADS",
+__all__ = ["ArchSpec", "FAMILIES", "FamilyEntry", "ModelFamily", "MultiExitModel", "MODEL_NAMES", "NORMS", "FINETUNE_MODES", "HEAD_KINDS",
            "model_family", "register_family"]

@@ -161,16 +161,9 @@ def build_minilm(input_shape, num_classes, *, width, depth, norm, exit_after: tu
     return MultiExitModel(stem, blocks, [ClsExit(d, num_classes) for _ in kept], kept, config.get("pad_token_id") or 0)
 
 
-def token_input(batch: int, input_shape: tuple[int, ...], generator: torch.Generator | None = None) -> torch.Tensor:
-    """A batch of example token ids for cost measurements: all 1 (no pad token; what it costs does not depend on
-    which tokens, and id 1 is in every vocabulary)."""
-    return torch.ones((batch, *input_shape), dtype=torch.long)
-
-
 def num_layers() -> int:
     """Layers of the pretrained encoder in ``pretrained_dir()`` (6 for MiniLM)."""
     return load_pretrained(str(pretrained_dir()))[0]["num_hidden_layers"]
 
 
-register_family("minilm", FamilyEntry(num_layers, None, (HEADS,), build_minilm, pretrained=True,
-                                      example_input=token_input))
+register_family("minilm", FamilyEntry(num_layers, None, (HEADS,), build_minilm, pretrained=True, text=True))

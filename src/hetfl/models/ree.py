@@ -29,7 +29,7 @@ from torch import nn
 from ..errors import HetflError
 from .base import MultiExitModel
 
-HEADS = ("exits", "ree", "ree-unmodulated")
+HEAD_KINDS = ("exits", "ree", "ree-unmodulated")
 REE_HEADS, REE_ATTN_DIM, REE_MLP_RATIO = 8, 16, 1.35
 
 

@@ -15,6 +15,12 @@ def image_input(batch: int, input_shape: tuple[int, ...], generator: torch.Gener
     return torch.randn(batch, *input_shape, generator=generator)
 
 
+def token_input(batch: int, input_shape: tuple[int, ...], generator: torch.Generator | None = None) -> torch.Tensor:
+    """A batch of example token ids for cost measurements: all 1 (no pad token; what it costs does not depend on
+    which tokens, and id 1 is in every vocabulary)."""
+    return torch.ones((batch, *input_shape), dtype=torch.long)
+
+
 @dataclass(frozen=True)
 class FamilyEntry:
     """How to build a registered backbone: its blocks, default exits, width-scaled sizes and builder."""
@@ -24,7 +30,12 @@ class FamilyEntry:
     channels: tuple[int, ...]  # what a width ratio scales at width 1 (channels, or the ViT's heads)
     builder: Callable  # builder(input_shape, num_classes, *, width, depth, norm, exit_after) -> MultiExitModel
     pretrained: bool = False  # built from pretrained weights: its builder takes finetune and adapter_rank
-    example_input: Callable[..., torch.Tensor] = image_input  # example_input(batch, input_shape, generator)
+    text: bool = False  # reads token ids (N, L); else images (N, C, H, W)
+
+    @property
+    def example_input(self) -> Callable[..., torch.Tensor]:
+        """example_input(batch, input_shape, generator): example inputs of what this family reads."""
+        return token_input if self.text else image_input
 
     def blocks(self) -> int:
         """The number of blocks of the global model."""
