@@ -117,7 +117,7 @@ class EncoderBlock(nn.Module):
         return self.ffn_norm(h + self._adapted(self.ffn_adapter, h, f))
 
 
-# our name -> the transformers BertModel's name (layer names with {b})
+# our name -> the transformers BertModel's name (a layer's under encoder.layer.{b}.)
 _STEM = {"word.weight": "embeddings.word_embeddings.weight",
          "position.weight": "embeddings.position_embeddings.weight",
          "token_type.weight": "embeddings.token_type_embeddings.weight",
