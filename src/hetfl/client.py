@@ -16,9 +16,9 @@ from torch import nn
 from torch.func import functional_call
 
 from .blockwise import train_blockwise, trained_prefixes
-from .losses import exits_ce, mutual_kd, weighted_exits_with_last_teacher
+from .losses import RunningCE, best_exit_kd, exits_ce, mutual_kd, per_exit_ce, weighted_exits_with_last_teacher
 from .models import ModelFamily, model_family
-from .models.base import BaseEnsemble, NoNorm
+from .models.base import BaseEnsemble, NoNorm, federated_state
 from .seeding import torch_generator
 from .slicing import State, SubModel, corner
 from .task import TRAINERS, FamilySpec, LossRecipe, Task
@@ -67,7 +67,11 @@ def build_model(family: ModelFamily, spec: SubModel, seed: int | None = None) ->
 
 
 class ModelCache:
-    """One module object per sub-model architecture, reused across clients and rounds (no re-allocation)."""
+    """One module object per sub-model architecture, reused across clients and rounds (no re-allocation).
+
+    A module's state that travels is ``federated_state``: frozen pretrained tensors are built with
+    the module from the pretrained files, never loaded or sent, and never change.
+    """
 
     def __init__(self, family: ModelFamily, device: torch.device | str = "cpu", scaler: bool = False):
         self.family = family
@@ -93,25 +97,30 @@ class ModelCache:
         """Local tensor shapes of ``spec``, by name."""
         key = self._key(spec)
         if key not in self._shapes:
-            self._shapes[key] = {n: t.shape for n, t in self.module(spec).state_dict().items()}
+            self._shapes[key] = {n: t.shape for n, t in federated_state(self.module(spec)).items()}
         return self._shapes[key]
 
     def loaded(self, spec: SubModel, state: State) -> nn.Module:
-        """The module of ``spec`` holding ``state``."""
+        """The module of ``spec`` holding ``state`` (every tensor of its federated state, nothing else)."""
         module = self.module(spec)
-        module.load_state_dict(state, strict=True)
+        missing, unexpected = module.load_state_dict(state, strict=False)
+        expected = set(module.state_dict()) - set(self.shapes(spec))  # the frozen tensors
+        if unexpected or set(missing) != expected:
+            wrong = sorted(set(unexpected) | (set(missing) - expected))
+            raise ValueError(f"state does not match the federated tensors of {spec}: {wrong[:3]}")
         return module
 
 
 def family_of(spec: FamilySpec) -> ModelFamily:
     """The model family a task names, rebuilt from the registry."""
-    return model_family(spec.name, spec.input_shape, spec.num_classes, spec.width, spec.norm, spec.exit_after)
+    return model_family(spec.name, spec.input_shape, spec.num_classes, spec.width, spec.norm, spec.exit_after,
+                        spec.finetune, spec.adapter_rank, spec.head)
 
 
 def describe_family(family: ModelFamily) -> FamilySpec:
     """The serialisable description of ``family``."""
     return FamilySpec(family.name, family.input_shape, family.num_classes, family.base_width, family.norm,
-                      family.arch.exit_after)
+                      family.arch.exit_after, family.finetune, family.adapter_rank, family.head)
 
 
 def make_loss(recipe: LossRecipe, models: ModelCache) -> LossFn:
@@ -128,6 +137,18 @@ def make_loss(recipe: LossRecipe, models: ModelCache) -> LossFn:
             return total
 
         return slimmable
+    if recipe.kind == "best_exit":  # ReeFL Eq. (5)-(6): the teacher is the exit of lowest running CE here
+        running = RunningCE(recipe.ema)
+
+        def best_exit(model, x, y):
+            logits = model(x)
+            ce = per_exit_ce(logits, y)
+            teacher = running.update(ce)
+            if not recipe.kd_weight or len(logits) < 2:
+                return ce.sum()
+            return ce.sum() + recipe.kd_weight * best_exit_kd(logits, teacher, recipe.tau)
+
+        return best_exit
     kd = recipe.kd_weight  # DepthFL Eq. (1): CE over the exits + kd x mutual KD among them
 
     def loss(model, x, y):
@@ -155,7 +176,7 @@ def client_update(local: State, task: Task, data: ClientData, client_state: Stat
     model = models.loaded(spec, local)
     if task.trainer == "blockwise":
         return _blockwise_update(model, local, task, data, client_state, models)
-    names = [n for n, _ in model.named_parameters()]  # the order local_sgd sees the parameters in
+    names = [n for n, p in model.named_parameters() if p.requires_grad]  # the order local_sgd sees them in
     anchor = [local[n] for n in names] if opts.prox_mu or opts.feddyn_alpha else None
     linear = None
     if opts.feddyn_alpha:
@@ -163,7 +184,7 @@ def client_update(local: State, task: Task, data: ClientData, client_state: Stat
         linear = [_corner_of(client_state, spec.global_name(n), local[n]) for n in names]
     generator = torch_generator(task.seed, "train", task.round, task.client)
     loss = local_sgd(model, data, make_loss(task.loss, models), opts, task.lr, generator, anchor, linear)
-    new_local = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    new_local = {n: t.detach().clone() for n, t in federated_state(model).items()}  # frozen tensors stay home
     if linear is not None:
         client_state = _feddyn_client_step(client_state, task, names, local, new_local, linear)
     return Update(task.client, spec, new_local, len(data), {"train_loss": loss}), client_state

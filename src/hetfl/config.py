@@ -23,7 +23,7 @@ from .data.partition import SCHEMES
 from .devices import BUDGET_UNITS, SCENARIOS
 from .errors import HetflError
 from .evaluate import INFERENCES
-from .models import MODEL_NAMES, NORMS
+from .models import FINETUNE_MODES, MODEL_NAMES, NORMS
 from .options import check_choices, coerce, opt, option_fields, recorded
 from .rundir import check_location
 from .slicing import SCALINGS, TRAIN_EXITS
@@ -39,7 +39,7 @@ class Config:
     method: str = opt("alllarge", "method to run (see `hetfl methods`)")
     seed: int = opt(0, "seed of every random choice (data split, levels, sampling, init, batches)")
     # data
-    dataset: str = opt("fmnist", "fmnist, digits, mnist, emnist, cifar10, cifar100, npz:PATH or idx:DIR")
+    dataset: str = opt("fmnist", "fmnist, digits, mnist, emnist, cifar10, cifar100, 20ng, r8 (text), npz:PATH or idx:DIR")
     data_dir: str = opt("", "folder holding the dataset files (default: the usual places, see README)")
     num_clients: int = opt(100, "number of clients")
     partition: str = opt("iid", "how samples are split over clients",
@@ -50,8 +50,16 @@ class Config:
     client_test_fraction: float = opt(0.0, "fraction of each client's samples held out as its local test set")
     crop_padding: int = opt(0, "random-crop padding in pixels (0 = no crop)")
     flip: bool = opt(False, "random horizontal flips")
+    max_length: int = opt(128, "text datasets: tokens per document after the pretrained tokenizer (truncated, padded)",
+                          added_later=True)
     # model
     model: str = opt("cnn", "backbone family", MODEL_NAMES)
+    finetune: str = opt("full", "what of a pretrained backbone (minilm) trains: all of it, nothing (frozen), LoRA, "
+                        "parallel or serial adapters, or SSF scale-and-shift; exits always train", FINETUNE_MODES,
+                        added_later=True)
+    adapter_rank: int = opt(32, "rank of LoRA (alpha = 2 x rank) and of the adapters' bottleneck", added_later=True)
+    exit_every: int = opt(0, "an exit after every k-th block, the last block included (0 = the model's default)",
+                          added_later=True)
     model_width: float = opt(1.0, "width multiplier of the global model (1 = 64/128/256/512 channels), > 0")
     norm: str = opt("bn", "normalisation layers: bn (batch statistics) or none", NORMS)
     exits: list[int] = opt([], "0-based blocks an exit classifier reads, the last block included (default: the "
@@ -171,7 +179,7 @@ class Config:
         """Self, after checking every field; raises HetflError naming the first bad one."""
         check_choices(self)
         positive_ints = ("num_clients", "rounds", "local_epochs", "batch_size", "levels", "eval_every",
-                         "checkpoint_every", "eval_batch_size", "classes_per_client")
+                         "checkpoint_every", "eval_batch_size", "classes_per_client", "adapter_rank")
         for name in positive_ints:
             if getattr(self, name) < 1:
                 raise HetflError(f"{name} must be an integer >= 1, got {getattr(self, name)}")
@@ -189,7 +197,9 @@ class Config:
         for name in ("momentum", "adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise HetflError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        for name in ("static_bn_samples", "server_lr", "weight_decay", "clip_grad", "prox_mu", "lr_min", "crop_padding",
+        if self.max_length < 2:
+            raise HetflError(f"max_length must be >= 2 tokens ([CLS] and [SEP]), got {self.max_length}")
+        for name in ("exit_every", "static_bn_samples", "server_lr", "weight_decay", "clip_grad", "prox_mu", "lr_min", "crop_padding",
                      "min_client_size"):
             if getattr(self, name) < 0:
                 raise HetflError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -40,6 +40,8 @@ from .blockwise import feature_shapes, frozen_prefix, group_parameters, group_st
 from .client import build_model
 from .memory import SavedTensors, parameter_bytes, step_bytes
 from .models import ModelFamily
+from .models.base import federated_state
+from .models.registry import image_input
 from .slicing import SubModel
 
 
@@ -60,11 +62,11 @@ def count_params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def count_macs(module: nn.Module, input_shape: tuple[int, ...], batch: int = 2) -> int:
-    """Multiply-accumulates per sample of one forward pass (FlopCounterMode FLOPs / 2)."""
+def count_macs(module: nn.Module, input_shape: tuple[int, ...], batch: int = 2, example=image_input) -> int:
+    """Multiply-accumulates per sample of one forward pass (FlopCounterMode FLOPs / 2) on ``example`` inputs."""
     module.eval()
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        module(torch.zeros(batch, *input_shape))
+        module(example(batch, input_shape))
     return counter.get_total_flops() // 2 // batch
 
 
@@ -78,11 +80,11 @@ def saved_activation_bytes(module: nn.Module, x: torch.Tensor, y: torch.Tensor) 
 
 
 def latencies_ms(modules: list[nn.Module], input_shape: tuple[int, ...], seconds: float = 0.3,
-                 min_repeats: int = 30) -> list[tuple[float, float]]:
+                 min_repeats: int = 30, example=image_input) -> list[tuple[float, float]]:
     """(median, interquartile range) in ms of a single-sample forward pass of each module (eval mode, no
     autograd), measured on one pinned thread after a warm-up, round-robin over the modules so that the
     machine's noise falls on all of them alike; each gets ``min_repeats`` passes and ``seconds`` of time."""
-    x = torch.randn(1, *input_shape, generator=torch.Generator().manual_seed(0))
+    x = example(1, input_shape, torch.Generator().manual_seed(0))
     times: list[list[float]] = [[] for _ in modules]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a device runs one request on its own; threads add scheduling noise
@@ -118,18 +120,19 @@ def measure(family: ModelFamily, spec: SubModel, batch_size: int = 32, momentum:
     """The cost of ``spec`` cut from ``family`` (cached per process)."""
     model = build(family, spec)
     params = count_params(model)
-    wire = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    wire = sum(t.numel() * t.element_size() for t in federated_state(model).values())  # frozen tensors stay home
     activations = saved_activation_bytes(model, *random_batch(family, batch_size))
-    return Cost(params=params, macs=count_macs(model, family.input_shape), bytes_down=wire, bytes_up=wire,
-                train_memory=step_bytes(activations, parameter_bytes(model.parameters()), 3 if momentum else 2),
-                activation_bytes=activations)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    frozen = parameter_bytes(p for p in model.parameters() if not p.requires_grad)  # weights only: no gradient
+    return Cost(params=params, macs=count_macs(model, family.input_shape, example=family.example_input),
+                bytes_down=wire, bytes_up=wire, activation_bytes=activations,
+                train_memory=step_bytes(activations, parameter_bytes(trained), 3 if momentum else 2) + frozen)
 
 
 def random_batch(family: ModelFamily, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seeded random inputs and labels of the family's shapes (memory depends on shapes only)."""
+    """Seeded random inputs (images, or token ids) and labels of the family's shapes (memory depends on shapes only)."""
     g = torch.Generator().manual_seed(0)
-    return (torch.randn(batch_size, *family.input_shape, generator=g),
-            torch.randint(0, family.num_classes, (batch_size,), generator=g))
+    return family.inputs(batch_size, g), torch.randint(0, family.num_classes, (batch_size,), generator=g)
 
 
 def width_memory(family: ModelFamily, ratio: float, batch_size: int = 32) -> int:
@@ -179,7 +182,7 @@ def _measure_components(family: ModelFamily, width: float, unit: str) -> tuple[i
     else:
         model.eval()
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(torch.zeros(2, *family.input_shape))  # 2 samples: batch statistics need more than one
+            model(family.inputs(2))  # 2 samples: batch statistics need more than one
         flops = counter.get_flop_counts()
         key = lambda name: sum(flops.get(f"MultiExitModel.{name}", {}).values()) // 4  # noqa: E731
     return (key("stem"), tuple(key(f"blocks.{b}") for b in range(len(model.blocks))),
@@ -198,7 +201,8 @@ def cost_rows(family: ModelFamily, specs: dict[str, SubModel], batch_size: int =
     rows = [{"label": label, "spec": spec.to_dict(), **asdict(measure(family, spec, batch_size)),
              "latency_ms": None, "latency_iqr_ms": None} for label, spec in specs.items()]
     if latency:
-        timed = latencies_ms([build(family, spec) for spec in specs.values()], family.input_shape)
+        timed = latencies_ms([build(family, spec) for spec in specs.values()], family.input_shape,
+                             example=family.example_input)
         for row, (median, iqr) in zip(rows, timed):
             row["latency_ms"], row["latency_iqr_ms"] = median, iqr
     return rows

@@ -64,3 +64,42 @@ def deep_mutual_learning(logits: list[torch.Tensor], target: torch.Tensor) -> to
     """
     ce = exits_ce(logits, target)
     return ce + mutual_kd(logits) if len(logits) > 1 else ce
+
+
+def per_exit_ce(logits: list[torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    """The cross-entropy of every exit, stacked (n,)."""
+    return torch.stack([F.cross_entropy(z, target) for z in logits])
+
+
+def best_exit_kd(logits: list[torch.Tensor], teacher: int, tau: float = 1.0) -> torch.Tensor:
+    """ReeFL Eq. (6): sum over exits e != teacher of tau^2 KL(p_teacher^tau || p_e^tau), the teacher detached.
+
+    The KL is averaged over the batch (the 1/N_i of Eq. (6)); the teacher's own term is zero, and so
+    is the whole term for a single exit.
+    """
+    log_teacher = F.log_softmax(logits[teacher].detach() / tau, dim=1)
+    total = logits[teacher].new_zeros(())
+    for e, z in enumerate(logits):
+        if e != teacher:
+            total = total + F.kl_div(F.log_softmax(z / tau, dim=1), log_teacher, reduction="batchmean",
+                                     log_target=True)
+    return tau**2 * total
+
+
+class RunningCE:
+    """ReeFL Sec. 3.2's running estimate of each exit's training CE on one client: L <- (1 - zeta) L + zeta L_new.
+
+    It starts at zero with each client update (a new round; the authors' code resets it per round),
+    so the first teacher is the exit of lowest CE on the first batch. The teacher is chosen after
+    the current batch's CE is folded in; ties go to the shallower exit.
+    """
+
+    def __init__(self, zeta: float):
+        self.zeta = zeta
+        self.value: torch.Tensor | None = None
+
+    def update(self, ce: torch.Tensor) -> int:
+        """Fold a batch's per-exit CEs (n,) into the estimate; returns the teacher: the exit of lowest estimate."""
+        ce = ce.detach()
+        self.value = self.zeta * ce if self.value is None else (1 - self.zeta) * self.value + self.zeta * ce
+        return int(torch.argmin(self.value))

@@ -11,9 +11,21 @@ import statistics
 
 
 def _exit_columns(evaluations: list[dict]) -> list[str]:
-    """Exit column names present in any of these evaluations, shallowest first, then the ensemble."""
+    """Exit column names present in any of these evaluations, shallowest first, then the ensemble and, with
+    several exits, their mean accuracy."""
     n = max((int(k[4:]) for e in evaluations for k in e if k.startswith("exit")), default=0)
-    return [f"exit{i}" for i in range(1, n + 1)] + ["ensemble"]
+    return [f"exit{i}" for i in range(1, n + 1)] + ["ensemble"] + (["exits_mean"] if n > 1 else [])
+
+
+def exits_mean(evaluation: dict) -> float | None:
+    """The mean accuracy over a model's exits (ReeFL Tables 1-2's headline metric), None without exits."""
+    values = [v for k, v in evaluation.items() if k.startswith("exit") and k[4:].isdigit()]
+    return sum(values) / len(values) if values else None
+
+
+def evaluation_value(evaluation: dict, key: str) -> float | None:
+    """``key`` of one model's evaluation ("exit2", "ensemble", "loss", or "exits_mean"), None if absent."""
+    return exits_mean(evaluation) if key == "exits_mean" else evaluation.get(key)
 
 
 def format_table(header: list[str], rows: list[list[str]], markdown: bool = False) -> str:
@@ -29,7 +41,8 @@ def run_table(summary: dict) -> str:
     """The end-of-run table: one row per evaluated model, accuracy (%) of each exit and the ensemble."""
     final = summary["final"]
     columns = _exit_columns(list(final.values()))
-    rows = [[label] + [f"{100 * ev[c]:.2f}" if c in ev else "-" for c in columns] for label, ev in final.items()]
+    rows = [[label] + [f"{100 * v:.2f}" if (v := evaluation_value(ev, c)) is not None else "-" for c in columns]
+            for label, ev in final.items()]
     table = format_table(["model"] + columns, rows)
     if summary.get("local_accuracy") is not None:
         table += f"\nlocal accuracy (each client's level model on its own test split): {100 * summary['local_accuracy']:.2f}%"
@@ -65,7 +78,7 @@ def metric_value(summary: dict, metric: str) -> float | None:
     """``metric`` of one run, None where it is undefined (a target never reached, a model or exit not evaluated).
 
     ``accuracy``: the headline accuracy of the global model; ``MODEL/KEY``: e.g. ``global/exit4``,
-    ``level1/ensemble``, ``width0.25/accuracy``; ``local``: local accuracy; ``best_accuracy``,
+    ``level1/ensemble``, ``global/exits_mean``, ``width0.25/accuracy``; ``local``: local accuracy; ``best_accuracy``,
     ``best_round``, ``rounds_to_target``, ``bytes_down_per_round``, ``wall_seconds``, ``max_memory_ratio`` (the
     largest measured step memory / budget of any client and round), ``within_budget`` (the share of client-rounds
     whose steps all stayed within budget): summary fields; ``late_gain``: the headline accuracy's gain over the
@@ -83,7 +96,7 @@ def metric_value(summary: dict, metric: str) -> float | None:
             ours, top = metric_value(summary, f"{model}/accuracy"), metric_value(summary, "global/accuracy")
             return None if ours is None or top is None else top - ours
         ev = summary["final"].get(model, {})
-        return headline_accuracy(ev, summary["headline"]) if key == "accuracy" else ev.get(key)
+        return headline_accuracy(ev, summary["headline"]) if key == "accuracy" else evaluation_value(ev, key)
     return summary.get(metric)
 
 

@@ -71,7 +71,7 @@ class Simulation:
     def __init__(self, cfg: Config):
         self.cfg = cfg.validate()
         self.device = resolve_device(cfg.device)
-        dataset = load_dataset(cfg.dataset, cfg.data_dir or None)
+        dataset = load_dataset(cfg.dataset, cfg.data_dir or None, cfg.max_length)
         parts = partition(dataset.y_train, cfg.num_clients, cfg.partition, alpha=cfg.alpha,
                           classes_per_client=cfg.classes_per_client, min_size=cfg.min_client_size, seed=cfg.seed)
         self.client_test_parts = None

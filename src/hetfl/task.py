@@ -18,8 +18,9 @@ from .train import TrainOptions
 TRAINERS = ("sgd", "blockwise")  # local SGD on the whole sub-model; FeDepth's block groups one after another
 BLOCKWISE_HEADS = ("skip", "aux")  # how a block group reaches a classifier: skip connection to the head, or its own
 # exits_ce: sum of CE over the held exits (+ kd_weight x DepthFL Eq. (1)'s mutual KD);
-# last_teacher: ScaleFL Eq. (5); slimmable: CE of the own width + every width in ``smaller`` (SHeteroFL)
-LOSS_KINDS = ("exits_ce", "last_teacher", "slimmable")
+# last_teacher: ScaleFL Eq. (5); slimmable: CE of the own width + every width in ``smaller`` (SHeteroFL);
+# best_exit: ReeFL Eq. (5)-(6), CE over the exits + kd_weight x KD from the exit of lowest running CE
+LOSS_KINDS = ("exits_ce", "last_teacher", "slimmable", "best_exit")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class FamilySpec:
     width: float = 1.0
     norm: str = "bn"
     exit_after: tuple[int, ...] = ()
+    finetune: str = "full"  # what of a pretrained backbone trains (models.finetune)
+    adapter_rank: int = 32
+    head: str = "exits"  # or ReeFL's Ree + shared classifier (models.ree)
 
 
 @dataclass(frozen=True)
@@ -39,9 +43,10 @@ class LossRecipe:
     """The local loss: its kind (``LOSS_KINDS``) and its weights at this round."""
 
     kind: str = "exits_ce"
-    kd_weight: float = 0.0  # exits_ce: weight of the mutual KD among exits (DepthFL Eq. (1))
+    kd_weight: float = 0.0  # exits_ce: weight of the mutual KD among exits (DepthFL Eq. (1)); best_exit: eta
     beta: float = 0.0  # last_teacher: KD weight beta (ScaleFL Eq. (5))
-    tau: float = 1.0  # last_teacher: temperature tau
+    tau: float = 1.0  # last_teacher, best_exit: temperature tau
+    ema: float = 0.2  # best_exit: weight zeta of a new batch in the running CE per exit (ReeFL Sec. 3.2)
     smaller: tuple[SubModel, ...] = ()  # slimmable: the smaller-width sub-models trained on shared slices
 
     def __post_init__(self):

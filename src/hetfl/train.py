@@ -85,7 +85,7 @@ def local_sgd(
     moves (default all of ``model``'s; no other parameter changes, not even by momentum or weight
     decay); ``within_batch_size``: no batch exceeds the batch size (``batches``).
     """
-    params = list(model.parameters()) if params is None else params
+    params = [p for p in model.parameters() if p.requires_grad] if params is None else params  # frozen stay put
     optimizer = torch.optim.SGD(params, lr=lr, momentum=opts.momentum, weight_decay=opts.weight_decay)
     model.train()
     pull = opts.prox_mu + opts.feddyn_alpha

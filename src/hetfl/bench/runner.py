@@ -268,7 +268,7 @@ def _model_costs(resolved: dict[str, Config]) -> dict[str, dict[str, dict]]:
 
     out = {}
     for label, cfg in resolved.items():
-        data = load_dataset(cfg.dataset, cfg.data_dir or None)  # cached per process
+        data = load_dataset(cfg.dataset, cfg.data_dir or None, cfg.max_length)  # cached per process
         method = build_method(cfg, data.input_shape, data.num_classes)
         rows = cost_rows(method.family, method.eval_specs(), cfg.batch_size, latency=True)
         out[label] = {r["label"]: r for r in rows}

@@ -8,6 +8,7 @@ Where each dataset is looked for (the first folder holding its files wins):
   download cache ``$HETFL_CACHE/fashion-mnist`` (default ~/.cache/hetfl) that `fetch_fmnist` fills.
 
 ``digits`` ships with scikit-learn; ``npz:PATH`` and ``idx:DIR`` read the user's own files.
+``20ng`` and ``r8`` are text (``data/text.py``): token ids of the pretrained backbone's tokenizer.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import torch
 
 from ..errors import HetflError, warn
 from .idx import check_sha256, find_file, parse_idx, read_bytes
+from .text import TEXT_DATASETS, load_text
 
-DATASET_NAMES = ("fmnist", "digits", "mnist", "emnist", "cifar10", "cifar100")
+DATASET_NAMES = ("fmnist", "digits", "mnist", "emnist", "cifar10", "cifar100", *TEXT_DATASETS)
 
 # The standard MNIST-style names: train images, train labels, test images, test labels.
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -45,18 +47,19 @@ Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_tra
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """Train and test tensors of one dataset, images normalised per channel with the train set's mean and std."""
+    """Train and test tensors of one dataset: images normalised per channel with the train set's mean and std,
+    or token ids."""
 
     name: str
-    x_train: torch.Tensor  # float32 (N, C, H, W)
+    x_train: torch.Tensor  # float32 (N, C, H, W), or int64 token ids (N, L)
     y_train: torch.Tensor  # int64 (N,)
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """The (C, H, W) shape of one image."""
+    def input_shape(self) -> tuple[int, ...]:
+        """The (C, H, W) shape of one image, or (L,) of one document's token ids."""
         return tuple(self.x_train.shape[1:])
 
 
@@ -352,8 +355,23 @@ def _resolve(name: str, data_dir: str | None) -> tuple[tuple[str, str], Callable
     raise HetflError(f"dataset {name!r} is unknown; choose one of: {', '.join(DATASET_NAMES)}, npz:PATH, idx:DIR")
 
 
-def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
-    """The dataset ``name`` (see DATASET_NAMES, npz:PATH, idx:DIR), read once per process and then cached."""
+def _load_text(name: str, data_dir: str | None, max_length: int) -> Dataset:
+    """Text dataset ``name`` as token ids of the pretrained backbone's tokenizer, read once per process."""
+    from ..models.minilm import pretrained_dir  # the backbone whose tokenizer the ids are for
+
+    tokenizer = pretrained_dir() / "tokenizer.json"
+    key = (f"{name}:{max_length}", f"{data_dir or ''}|{tokenizer.resolve()}")
+    if key not in _LOADED:
+        x_train, y_train, x_test, y_test, classes = load_text(name, data_dir, tokenizer, max_length)
+        _LOADED[key] = Dataset(name, x_train, y_train, x_test, y_test, len(classes))
+    return _LOADED[key]
+
+
+def load_dataset(name: str, data_dir: str | None = None, max_length: int = 128) -> Dataset:
+    """The dataset ``name`` (see DATASET_NAMES, npz:PATH, idx:DIR), read once per process and then cached;
+    text datasets as ``max_length`` token ids per document."""
+    if name in TEXT_DATASETS:
+        return _load_text(name, data_dir or None, max_length)
     key, read, num_classes = _resolve(name, data_dir or None)
     if key not in _LOADED:
         _LOADED[key] = _build(name, read(), num_classes)

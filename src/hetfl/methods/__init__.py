@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
+from ..data.text import TEXT_DATASETS
 from ..errors import HetflError
 from ..options import option_fields, recorded
 from .alllarge import AllLarge
@@ -19,12 +20,13 @@ from .exclusivefl import ExclusiveFL
 from .fedepth import FeDepth, MFeDepth
 from .heterofl import HeteroFL, SHeteroFL
 from .inclusivefl import InclusiveFL, InclusiveFLWithoutMD
+from .reefl import ReeFL, ReeFLWithoutKD
 from .scalefl import ScaleFL
 from .splitmix import SplitMix
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (AllLarge, AllSmall, ExclusiveFL, Decoupled, DepthFL, DepthFLFedAvg, InclusiveFL,
                                                 InclusiveFLWithoutMD, HeteroFL, SHeteroFL, ScaleFL, FeDepth, MFeDepth,
-                                                SplitMix)}
+                                                SplitMix, ReeFL, ReeFLWithoutKD)}
 
 
 def method_class(name: str) -> type[Method]:
@@ -46,13 +48,16 @@ def option_owners() -> dict[str, list[str]]:
 
 def config_from(values: dict[str, Any], source: str = "config") -> Config:
     """The config of ``values`` (generic options and the named method's own): the values given, over the
-    method's defaults, over the options' defaults; every value checked. Another method's option is an error."""
+    method's defaults, over the options' defaults (a text dataset's model: minilm); every value checked.
+    Another method's option is an error."""
     cls = method_class(str(values.get("method", Config.__dataclass_fields__["method"].default)))
     own = option_fields(cls.Options)
     for key, methods in option_owners().items():
         if key in values and key not in own:
             raise HetflError(f"{source}: {key} is an option of {', '.join(methods)}; method '{cls.name}' does not "
                              f"use it; drop it")
+    if "model" not in values and values.get("dataset") in TEXT_DATASETS:  # text needs the pretrained encoder
+        values = {**values, "model": "minilm"}
     cfg = Config.from_dict({**cls.defaults, **values}, source, options=cls.Options)
     # the resolved config records them all (but options added later only when set)
     return cfg.replace(method_options=recorded(asdict(cls.options_of(cfg)), cls.Options))

