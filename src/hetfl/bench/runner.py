@@ -98,14 +98,18 @@ def _claim_problem(claim: dict, labels: list[str]) -> str | None:
     return None
 
 
-# where a run is written, what its report looks for, and how often it checkpoints by the clock (which never
-# changes its results, and was added after bench folders were named by these values)
-NOT_THE_RUN = ("out", "name", "target_accuracy", "checkpoint_seconds")
+# where a run is written, what its report looks for, how often it checkpoints by the clock and how long
+# a Flower server waits for replies (which never change a simulated run's results, and were added after
+# bench folders were named by these values)
+NOT_THE_RUN = ("out", "name", "target_accuracy", "checkpoint_seconds", "round_timeout")
+# options added after bench folders were named: left out of the name at their default, so a cached run keeps it
+ADDED_LATER = {"dropout_fraction": 0.0, "corrupt_fraction": 0.0}
 
 
 def run_values(cfg: Config) -> dict:
     """Everything that defines the run's results (not where it is written or what is reported)."""
-    return {k: v for k, v in cfg.to_dict().items() if k not in NOT_THE_RUN}
+    return {k: v for k, v in cfg.to_dict().items()
+            if k not in NOT_THE_RUN and not (k in ADDED_LATER and v == ADDED_LATER[k])}
 
 
 def config_key(cfg: Config) -> str:
