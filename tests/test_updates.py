@@ -103,3 +103,14 @@ def test_bad_updates_are_dropped_counted_and_warned_once(tiny_cfg, capsys, monke
     clean.run(progress=False)
     for k, v in clean.global_state.items():
         assert torch.equal(v, sim.global_state[k]), k
+
+
+def test_fedavg_completes_with_half_the_sampled_clients_dropping_out_every_round(tiny_cfg):
+    base = dict(method="alllarge", rounds=6, client_fraction=0.5)
+    full = Simulation(tiny_cfg(name="full", **base)).run(progress=False)
+    sim = Simulation(tiny_cfg(name="half", dropout_fraction=0.5, **base))
+    half = sim.run(progress=False)
+    assert all(len(r["missing"]) == 5 and r["clients"] == 5 for r in sim.history)  # 5 of the 10 sampled, each round
+    print(f"digits, FedAvg, 6 rounds: accuracy {full['accuracy']:.3f} without dropout, {half['accuracy']:.3f} with "
+          "half the sampled clients dropping out")
+    assert half["accuracy"] > 0.5 and full["accuracy"] > 0.5  # 10 classes: chance is 0.1

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import torch
-
 from .client import Update
 from .seeding import rng_for
 from .slicing import SubModel

@@ -58,7 +58,7 @@ class RoundLog:
     seconds: float = 0.0
     eval: dict = field(default_factory=dict)
     local_accuracy: float | None = None  # mean over clients of their level model on their own test split
-    dropped: int = 0  # updates rejected before aggregation (non-finite values, wrong shapes)
+    dropped: int = 0  # updates rejected before aggregation (len(rejected))
     rejected: dict[str, str] = field(default_factory=dict)  # client -> why its update was rejected
     missing: list[int] = field(default_factory=list)  # clients given a task that sent no reply (dropout, deadline)
     wire_bytes_down: int | None = None  # bytes of the tensors' serialised form sent and received (None: no wire)
@@ -80,8 +80,8 @@ class Reply:
 
     update: Update | None = None
     problem: str | None = None  # it replied, but not with an update (an error, unreadable content)
-    keep: Callable[[], None] | None = None  # makes the client's new own state (FedDyn's g_k) the one it keeps;
-    # called only for an update that is aggregated
+    # makes the client's new own state (FedDyn's g_k) the one it keeps; called only if the update is aggregated
+    keep: Callable[[], None] | None = None
 
 
 def resolve_device(name: str) -> torch.device:
