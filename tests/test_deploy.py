@@ -193,6 +193,23 @@ def test_nodes_state_their_budgets_and_silent_or_lying_nodes_are_missing_or_reje
         assert r["clients"] == 17
 
 
+def test_a_node_with_its_own_data_files_takes_the_first_free_client(deployment, tmp_path):
+    import numpy as np
+
+    from hetfl.data import load_dataset
+
+    digits = load_dataset("digits")
+    own = tmp_path / "own.npz"
+    np.savez(own, x_train=digits.x_train[:40].numpy(), y_train=digits.y_train[:40].numpy(),
+             x_test=digits.x_test[:10].numpy(), y_test=digits.y_test[:10].numpy())
+    run = deployment(method="alllarge", client_fraction=1.0, rounds=1)
+    del run.grid.configs[100]  # client 0's node is replaced by one with its own files and no partition-id
+    run.grid.configs[300] = {"data-path": str(own), "state-dir": str(tmp_path / "own-node")}
+    run.run()
+    assert run.nodes[0] == 300
+    assert run.history[0]["clients"] == 20 and not run.history[0]["missing"]
+
+
 def test_a_restarted_node_serves_its_client_again(deployment):
     run = deployment(method="alllarge", client_fraction=1.0, rounds=1)
     run.run()

@@ -100,7 +100,7 @@ def _follow(federation: Federation, run, run_dir: Path, verbose: bool) -> None:
     """Returns None once ``flwr run`` ends: shows hetfl's lines of its log (every line with ``verbose``), starts
     again the SuperNodes that die, and raises HetflError if the SuperLink dies."""
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in run.stdout] + [lines.put(None)], daemon=True).start()
+    threading.Thread(target=_pump, args=(run.stdout, lines), daemon=True).start()
     with open(federation.log("run"), "a") as log:
         while True:
             try:
@@ -118,6 +118,13 @@ def _follow(federation: Federation, run, run_dir: Path, verbose: bool) -> None:
             for name in federation.restart_dead_nodes():
                 warn(f"SuperNode {name} died; started it again")
     run.wait()
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    """Returns None; puts every line of ``stream`` into ``lines``, then None."""
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
 
 
 def _interrupt(signum, frame) -> None:

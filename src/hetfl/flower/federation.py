@@ -23,6 +23,7 @@ from .credentials import make_node_key, make_tls
 
 CONNECTION = "hetfl"  # the name of this SuperLink in the Flower CLI's config
 GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL when stopping
+RESTART_SECONDS = 5.0  # a node that dies is started again, but not sooner than this after its last start
 START_SECONDS = 60.0  # for the SuperLink to listen
 FLOWER_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -77,7 +78,7 @@ class Federation:
         self.tls = make_tls(self.root / "tls") if tls or node_auth else None  # Flower authenticates nodes over TLS
         self.port = free_port()
         self.procs: list[subprocess.Popen] = []
-        self.nodes: dict[str, tuple[list[str], subprocess.Popen]] = {}  # name -> command, process
+        self.nodes: dict[str, tuple[list[str], subprocess.Popen, float]] = {}  # name -> command, process, started
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(self.root / "home"),
                     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
@@ -134,16 +135,17 @@ class Federation:
                 self.flwr("supernode", "register", str(public), CONNECTION)
             command += ["--auth-supernode-private-key", str(private)]
         process = self._spawn(f"node-{name}", command)
-        self.nodes[name] = (command, process)
+        self.nodes[name] = (command, process, time.monotonic())
         return process
 
     def restart_dead_nodes(self) -> list[str]:
-        """The names of the SuperNodes that had exited and were started again (same command, same key)."""
+        """The names of the SuperNodes that had exited and were started again (same command, same key); a node
+        that keeps dying is started at most every ``RESTART_SECONDS``."""
         restarted = []
-        for name, (command, process) in self.nodes.items():
-            if process.poll() is not None:
+        for name, (command, process, started) in self.nodes.items():
+            if process.poll() is not None and time.monotonic() - started >= RESTART_SECONDS:
                 _signal_group(process, signal.SIGKILL)  # what it left behind
-                self.nodes[name] = (command, self._spawn(f"node-{name}", command))
+                self.nodes[name] = (command, self._spawn(f"node-{name}", command), time.monotonic())
                 restarted.append(name)
         return restarted
 
