@@ -24,7 +24,8 @@ from ..rundir import lock_run_dir, readable_json_file, unlock_run_dir
 from .federation import Federation
 from .identity import NodeIdentity
 
-APP_PYPROJECT = f'''# hetfl's methods as a Flower App: `flwr run THIS_FOLDER CONNECTION --run-config 'config="/abs/my.toml"'`
+APP_PYPROJECT = f'''# hetfl's methods as a Flower App; run it with
+#   flwr run THIS_FOLDER CONNECTION --run-config 'config="/abs/path/my.toml"' --stream
 [project]
 name = "hetfl-app"
 version = "{__version__}"
@@ -92,13 +93,13 @@ def deploy(run_dir: Path, num_nodes: int, data_dir: str = "", tls: bool = False,
         signal.signal(signal.SIGTERM, previous)
     if not readable_json_file(run_dir / "summary.json"):
         raise DeployFailed(f"the run did not finish; the logs are in {run_dir / 'flower' / 'logs'}; continue it "
-                         f"with: hetfl deploy --resume {run_dir}")
+                           f"with: hetfl deploy --resume {run_dir}")
     return json.loads((run_dir / "summary.json").read_text())
 
 
 def _follow(federation: Federation, run, run_dir: Path, verbose: bool) -> None:
     """Returns None once ``flwr run`` ends: shows hetfl's lines of its log (every line with ``verbose``), starts
-    again the SuperNodes that die, and raises HetflError if the SuperLink dies."""
+    again the SuperNodes that die, and raises DeployFailed if the SuperLink dies."""
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_pump, args=(run.stdout, lines), daemon=True).start()
     with open(federation.log("run"), "a") as log:
@@ -113,8 +114,8 @@ def _follow(federation: Federation, run, run_dir: Path, verbose: bool) -> None:
             if line.startswith("hetfl") or (verbose and line):
                 print(line.rstrip("\n"), flush=True)
             if federation.superlink.poll() is not None:
-                raise DeployFailed(f"the SuperLink died; the logs are in {federation.root / 'logs'}; continue the run "
-                                 f"with: hetfl deploy --resume {run_dir}")
+                raise DeployFailed(f"the SuperLink died; the logs are in {federation.root / 'logs'}; continue the "
+                                   f"run with: hetfl deploy --resume {run_dir}")
             for name in federation.restart_dead_nodes():
                 warn(f"SuperNode {name} died; started it again")
     run.wait()
