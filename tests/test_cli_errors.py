@@ -131,6 +131,23 @@ def test_foreign_checkpoint(tmp_path, capsys):
     assert code == 2 and "belongs to another experiment" in err
 
 
+def test_a_checkpoint_from_before_an_option_existed_still_resumes(tmp_path, capsys):
+    """Options added later (dropout_fraction, ...) are absent from older checkpoints: at their defaults they match."""
+    run = finished_run(tmp_path, capsys)
+    state = run / "checkpoint" / "state.pt"
+    payload = torch.load(state, weights_only=True)
+    for option in ("dropout_fraction", "corrupt_fraction", "round_timeout"):
+        del payload["config"][option]
+    torch.save(payload, state)
+    (run / "summary.json").unlink()  # so the resume reads the checkpoint
+    assert run_cli(["run", "--resume", str(run)], capsys)[0] == 0
+    payload["config"]["lr"] = 1.0  # but an option that differs still makes it another experiment's
+    torch.save(payload, state)
+    (run / "summary.json").unlink()
+    code, err = run_cli(["run", "--resume", str(run)], capsys)
+    assert code == 2 and "belongs to another experiment" in err
+
+
 def test_not_a_checkpoint(tmp_path, capsys):
     run = finished_run(tmp_path, capsys)
     torch.save({"weights": torch.zeros(2)}, run / "checkpoint" / "state.pt")

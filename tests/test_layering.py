@@ -69,6 +69,16 @@ def test_the_client_side_imports_no_server_code():
         assert not {m for m in below if m.startswith(server)}, (side, below)
 
 
+def test_the_clientapp_imports_no_server_code():
+    """A SuperNode runs hetfl's ClientApp: the client side plus the node's data and state, nothing of the server."""
+    below = reachable("hetfl.flower.client_app", graph(top_level_only=False))
+    server = ("hetfl.methods", "hetfl.aggregation", "hetfl.sim", "hetfl.bench", "hetfl.cli", "hetfl.config",
+              "hetfl.splits", "hetfl.devices", "hetfl.costs", "hetfl.flower.deployment", "hetfl.flower.server_app",
+              "hetfl.flower.deploy", "hetfl.flower.federation")
+    assert "hetfl.client" in below and "hetfl.flower.node" in below
+    assert not {m for m in below if any(m == s or m.startswith(s + ".") for s in server)}, below
+
+
 def test_no_import_cycles():
     edges = graph(top_level_only=True)  # imports run at import time; a package importing its modules is no cycle
     for module in MODULES:

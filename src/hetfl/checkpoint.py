@@ -12,6 +12,8 @@ A checkpoint is written to ``checkpoint.tmp`` and swapped in by two renames (``c
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import shutil
 from pathlib import Path
@@ -116,13 +118,24 @@ def load_checkpoint(run_dir: Path, config) -> dict | None:
                          "delete the run folder and start again") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise HetflError(f"{path} is not a hetfl checkpoint (expected format {FORMAT})")
-    # compared as resolved configs, so options added to hetfl later (at their defaults) still match
-    if not isinstance(payload.get("config"), dict) or payload["config"] != config.to_dict():
+    if not isinstance(payload.get("config"), dict) or not same_config(payload["config"], config):
         raise HetflError(f"checkpoint {path} belongs to another experiment: its config differs from "
                          f"{run_dir / 'config.json'}")
     payload["client_state_dir"] = folder / "client_state"
     _check_client_files(payload["client_state_dir"], payload.get("client_files"))
     return payload
+
+
+def same_config(saved: dict, config) -> bool:
+    """Whether a checkpoint's resolved config ``saved`` is ``config``'s; an option only one of them records
+    (added to hetfl after the checkpoint was written, or recorded only when set) matches at its default."""
+    current, defaults = config.to_dict(), dataclasses.asdict(type(config)())
+
+    def at_default(key, value) -> bool:
+        return key in defaults and defaults[key] == value
+
+    return all(saved[k] == v if k in saved else at_default(k, v) for k, v in current.items()) \
+        and all(k in current or at_default(k, v) for k, v in saved.items())
 
 
 def _check_client_files(folder: Path, expected: dict[str, int] | None) -> None:

@@ -1,4 +1,4 @@
-"""The ``hetfl`` command: run | bench | plot | data | methods.
+"""The ``hetfl`` command: run | deploy | bench | costs | plot | data | methods.
 
 Every user error (bad flag, config, file or checkpoint) ends in one line on stderr and exit code 2,
 before a run folder is created.
@@ -92,6 +92,48 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_deploy(args) -> int:
+    try:
+        import flwr  # noqa: F401
+
+        from .flower.deploy import deploy, parse_node_configs, write_app
+        from .flower.federation import check_installed
+    except ImportError:
+        raise HetflError("hetfl deploy needs Flower: pip install 'hetfl[flower]'") from None
+    check_installed()
+    from .report import run_table
+    from .sim import Simulation
+
+    if args.write_app:
+        print(f"Flower App written to {write_app(Path(args.write_app))}")
+        return 0
+    if args.resume:
+        if args.config or given_options(args) or args.nodes is not None:
+            raise HetflError("deploy: --resume takes no experiment options or --nodes: the run folder's config.json "
+                             "defines the run")
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.json").is_file():
+            raise HetflError(f"{run_dir} is not a hetfl run folder (no config.json)")
+        cfg = load_config(run_dir / "config.json")
+    else:
+        overrides = given_options(args)
+        if args.nodes is not None:  # every client is a SuperNode
+            given = {**(Config.read(args.config) if args.config else {}), **overrides}.get("num_clients")
+            if args.nodes < 1 or (given is not None and str(given) != str(args.nodes)):
+                raise HetflError(f"deploy: --nodes {args.nodes} must be >= 1 and, every client being a SuperNode, "
+                                 f"equal num_clients ({given}); drop one of them")
+            overrides["num_clients"] = args.nodes
+        cfg = load_config(args.config, overrides) if args.config else config_from(overrides, source="flags")
+        run_dir = None
+    extra = parse_node_configs(args.node_config or [], cfg.num_clients)
+    if run_dir is None:
+        run_dir = Simulation(cfg).create_run_dir()  # every set-up error is raised before anything is created
+    summary = deploy(run_dir, cfg.num_clients, cfg.data_dir, tls=args.tls, node_auth=args.node_auth, extra=extra,
+                     verbose=args.verbose)
+    print(run_table(summary))
+    return 0
+
+
 def cmd_methods(args) -> int:
     width = max(len(n) for n in METHODS)
     for name, cls in METHODS.items():
@@ -144,6 +186,17 @@ def cmd_bench(args) -> int:
         from .bench.checkpoint import run_checkpoint_bench
 
         run_checkpoint_bench(rounds=args.rounds or 5, device=args.device or "cpu")
+        return 0
+    if args.preset == "flower":
+        try:
+            import flwr  # noqa: F401
+        except ImportError:
+            raise HetflError("hetfl bench flower needs Flower: pip install 'hetfl[flower]'") from None
+        from .bench.flower import run_flower_bench
+        from .flower.federation import check_installed
+
+        check_installed()
+        run_flower_bench(rounds=args.rounds or 3, out=args.out)
         return 0
     if args.preset == "chaos":
         from .bench.chaos import run_chaos
@@ -258,6 +311,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(run)
     run.set_defaults(fn=cmd_run)
 
+    deploy = sub.add_parser("deploy", help="run one experiment on Flower: a SuperLink and a SuperNode per client "
+                            "on loopback", description="Run one experiment on Flower (pip install 'hetfl[flower]'): "
+                            "a SuperLink and one SuperNode per client on this machine, hetfl's Flower App on them; "
+                            "the same run folder as `hetfl run`. See README, 'Deploying on Flower'.")
+    deploy.add_argument("--config", help="TOML file of options (flags override it)")
+    deploy.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted deployment from its last "
+                        "checkpoint")
+    deploy.add_argument("--nodes", type=int, help="number of SuperNodes, one per client (sets num_clients)")
+    deploy.add_argument("--node-config", action="append", metavar="'K:KEY=VALUE ...'",
+                        help="more node config for SuperNode K, e.g. '0:level=1' or '2:memory-bytes=2000000' "
+                        "(repeatable; keys in README)")
+    deploy.add_argument("--tls", action="store_true", help="TLS between every party, with a CA made for this run")
+    deploy.add_argument("--node-auth", action="store_true", help="SuperNode authentication: each node gets a key the "
+                        "SuperLink lists (implies --tls)")
+    deploy.add_argument("--verbose", action="store_true", help="show Flower's whole log, not only hetfl's lines")
+    deploy.add_argument("--write-app", metavar="DIR", help="only write hetfl's Flower App (a pyproject.toml naming "
+                        "its ServerApp and ClientApp) into DIR, for `flwr run` on machines of your own")
+    add_config_flags(deploy)
+    deploy.set_defaults(fn=cmd_deploy)
+
     sub.add_parser("methods", help="list the methods").set_defaults(fn=cmd_methods)
 
     data = sub.add_parser("data", help="datasets and partitions")
@@ -274,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="run a benchmark preset (methods x seeds) or the speed check")
     bench.add_argument("preset", help="a preset name (see README), a preset .toml file, 'speed', 'memory', "
-                       "'checkpoint' (what a checkpoint costs per round) or 'chaos' (kill -9 and resume soak)")
+                       "'checkpoint' (what a checkpoint costs per round), 'chaos' (kill -9 and resume soak) or "
+                       "'flower' (the simulator against Flower SuperNodes on loopback)")
     bench.add_argument("--out", help="results folder (default results/PRESET)")
     bench.add_argument("--runs-dir", help="where the individual runs go (default runs/bench, shared by all "
                        "presets: a finished run is reused by any preset that has it)")

@@ -115,6 +115,15 @@ class Config:
     adam_tau: float = opt(1e-3, "FedAdam adaptivity tau")
     feddyn_alpha: float = opt(0.1, "FedDyn alpha")
     aggregation_weights: str = opt("samples", "weights of the masked mean", ("samples", "uniform"))
+    # faults (simulator) and deadlines (Flower)
+    dropout_fraction: float = opt(0.0, "simulator: fraction of the sampled clients that drop out each round (seeded; "
+                                  "they send nothing and are recorded as missing)", added_later=True)
+    corrupt_fraction: float = opt(0.0, "simulator: fraction of the sampled clients that send a corrupted update each "
+                                  "round (NaN or inf values, a wrong shape or dtype, an unassigned sub-model or a "
+                                  "sample count of 0; seeded), which the server rejects", added_later=True)
+    round_timeout: float = opt(600.0, "Flower: seconds the server waits for a round's replies (and, at the start, for "
+                               "the nodes to say who they are); a client that has not replied by then is missing",
+                               added_later=True)
     # evaluation and bookkeeping
     eval_every: int = opt(1, "evaluate every N rounds (and always after the last)")
     eval_batch_size: int = opt(1000, "evaluation batch size")
@@ -203,6 +212,11 @@ class Config:
                      "min_client_size"):
             if getattr(self, name) < 0:
                 raise HetflError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("dropout_fraction", "corrupt_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise HetflError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if not self.round_timeout > 0:
+            raise HetflError(f"round_timeout must be > 0 seconds, got {self.round_timeout}")
         if not self.checkpoint_seconds >= 0:
             raise HetflError(f"checkpoint_seconds must be >= 0, got {self.checkpoint_seconds}")
         check_location(self.out, self.name)  # before anything is loaded or created

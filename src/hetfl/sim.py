@@ -4,12 +4,19 @@ Every input error is raised (as HetflError) while the experiment is being set up
 run folder exists; a run folder therefore always belongs to a run that started. The round loop
 streams client updates into the method's aggregation, so server memory is one global model plus
 one running sum whatever the number of clients.
+
+A round is engine-neutral except for one step: ``train`` takes the round's jobs (client, task,
+local tensors) and returns each client's reply, here by calling ``client_update`` in this
+process. Another engine (``hetfl.flower``) overrides ``train`` to reach its clients over the
+network and inherits everything else: sampling, planning, the checks on replies, aggregation,
+evaluation, checkpoints and resume.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -19,19 +26,21 @@ from tqdm import tqdm
 
 from .checkpoint import ClientStateStore, load_checkpoint, save_checkpoint
 from .aggregation import ServerState
-from .client import ModelCache, client_update
+from .client import ModelCache, Update, client_update
 from .config import Config
 from .data import load_dataset, partition, split_train_test
-from .devices import Scenario
+from .devices import Budget, Scenario
 from .errors import HetflError, warn
 from .evaluate import evaluate, static_batchnorm
+from .faults import corrupt, corruption_for, pick
 from .methods import build_method, load_config
 from .report import headline_accuracy, rounds_to_target
 from .rundir import (append_jsonl, atomic_torch_save, atomic_write_json, create_run_dir, crash_point, lock_run_dir,
                      read_jsonl, readable_json_file, readable_torch_file, remove_tree, unlock_run_dir,
                      warn_partial_line, write_jsonl)
 from .seeding import rng_for, torch_generator
-from .slicing import SubModel, extract, state_bytes
+from .slicing import State, SubModel, extract, state_bytes
+from .task import Task
 from .train import ClientData
 from .updates import check_update, warn_dropped
 
@@ -49,9 +58,32 @@ class RoundLog:
     seconds: float = 0.0
     eval: dict = field(default_factory=dict)
     local_accuracy: float | None = None  # mean over clients of their level model on their own test split
-    dropped: int = 0  # updates rejected before aggregation (non-finite values, wrong shapes)
+    dropped: int = 0  # updates rejected before aggregation (len(rejected))
+    rejected: dict[str, str] = field(default_factory=dict)  # client -> why its update was rejected
+    missing: list[int] = field(default_factory=list)  # clients given a task that sent no reply (dropout, deadline)
+    wire_bytes_down: int | None = None  # bytes of the tensors' serialised form sent and received (None: no wire)
+    wire_bytes_up: int | None = None
     # clients whose trainer measures its steps (blockwise): client -> the largest step's bytes, the budget, their ratio
     memory: dict[str, dict] | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One client's work in a round: its task and the local tensors cut for it."""
+
+    client: int
+    task: Task
+    local: State
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a client sent back for a job: an update to check, or why there is none (both None: no reply)."""
+
+    update: Update | None = None
+    problem: str | None = None  # it replied, but not with an update (an error, unreadable content)
+    # makes the client's new own state (FedDyn's g_k) the one it keeps; called only if the update is aggregated
+    keep: Callable[[], None] | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -112,8 +144,9 @@ class Simulation:
         return self.run_dir
 
     @classmethod
-    def resume(cls, run_dir: str | Path) -> Simulation:
-        """The simulation of ``run_dir`` restored at its last checkpoint."""
+    def resume(cls, run_dir: str | Path, **engine) -> Simulation:
+        """The experiment of ``run_dir`` restored at its last checkpoint (``engine``: what a subclass's
+        constructor takes besides the config). A folder holding only its config starts at round 1."""
         run_dir = Path(run_dir)
         config_path = run_dir / "config.json"
         if not run_dir.is_dir() or not config_path.exists():
@@ -122,10 +155,11 @@ class Simulation:
         cfg = load_config(config_path)
         payload = load_checkpoint(run_dir, cfg)
         history, partial = read_jsonl(run_dir / "metrics.jsonl")
-        sim = cls(cfg)
+        sim = cls(cfg, **engine)
         sim.run_dir = run_dir
         if payload is None:  # killed before its first checkpoint: every round is seeded, so start again
-            warn(f"{run_dir} has no checkpoint yet; resuming from round 1")
+            if history or partial:
+                warn(f"{run_dir} has no checkpoint yet; resuming from round 1")
             remove_tree(sim.client_store.root)
         else:
             state = ServerState.from_dict(payload["state"])
@@ -135,6 +169,7 @@ class Simulation:
             sim.start_round = int(payload["round"])
             sim.elapsed = float(payload["elapsed"])
             sim.client_store.restore(payload["client_state_dir"])
+            sim.restore(payload)
         if partial:
             warn_partial_line(run_dir / "metrics.jsonl", f"resuming after round {sim.start_round}")
         sim.history = [r for r in history if r["round"] <= sim.start_round]
@@ -158,39 +193,68 @@ class Simulation:
         rng = rng_for(self.cfg.seed, "sample", round_index)
         return sorted(rng.choice(self.cfg.num_clients, self.cfg.clients_per_round, replace=False).tolist())
 
+    def budget(self, client: int, round_index: int) -> Budget:
+        """The budget of ``client`` at ``round_index`` (the scenario's)."""
+        return self.scenario.budget(client, round_index)
+
+    def jobs(self, round_index: int) -> Iterator[Job]:
+        """The jobs of the sampled clients that take part this round, in client order, cut one at a time."""
+        for client in self.sample_clients(round_index):
+            planned = self.method.configure(self.state, client, self.budget(client, round_index), round_index)
+            if planned is not None:
+                yield Job(client, *planned)
+
+    def train(self, jobs: Iterable[Job], log: RoundLog) -> Iterator[tuple[Job, Reply]]:
+        """Each job with its client's reply, in job order: ``client_update`` in this process, one client at a
+        time; the seeded ``dropout_fraction`` of the sampled clients sends nothing, and the seeded
+        ``corrupt_fraction`` of the others sends a corrupted update."""
+        cfg, round_index = self.cfg, log.round
+        store = self.client_store if self.method.stateful_clients else None
+        sampled = self.sample_clients(round_index)
+        dropouts = pick(sampled, cfg.dropout_fraction, cfg.seed, "dropout", round_index)
+        corrupted = pick([c for c in sampled if c not in dropouts], cfg.corrupt_fraction, cfg.seed, "corrupt",
+                         round_index)
+        for job in jobs:
+            if job.client in dropouts:
+                yield job, Reply()
+                continue
+            data = ClientData(self.x_train, self.y_train, self.parts[job.client])
+            own = store.load(job.client, self.device) if store else None
+            update, own = client_update(job.local, job.task, data, own, models=self.method.models)
+            if job.client in corrupted:
+                update = corrupt(update, corruption_for(cfg.seed, round_index, job.client))
+            # a client may have no state of its own (yet): nothing to keep
+            keep = (lambda client=job.client, own=own: store.save(client, own)) if store and own is not None else None
+            yield job, Reply(update, keep=keep)
+
     def run_round(self, round_index: int) -> RoundLog:
-        """Train the sampled clients and aggregate their updates into the global state."""
-        cfg, method = self.cfg, self.method
-        log = RoundLog(round=round_index, lr=cfg.lr_at(round_index))
+        """Train the sampled clients and aggregate the updates that pass the checks into the global state."""
+        log = RoundLog(round=round_index, lr=self.cfg.lr_at(round_index))
         losses = []
-        store = self.client_store if method.stateful_clients else None
 
         def updates():
-            for client in self.sample_clients(round_index):
-                planned = method.configure(self.state, client, self.scenario.budget(client, round_index), round_index)
-                if planned is None:
+            for job, reply in self.train(self.jobs(round_index), log):
+                if reply.update is None and reply.problem is None:
+                    log.missing.append(job.client)
                     continue
-                task, local = planned
-                data = ClientData(self.x_train, self.y_train, self.parts[client])
-                own = store.load(client, self.device) if store else None
-                update, own = client_update(local, task, data, own, models=method.models)
-                reason = check_update(update.state, method.models.shapes(task.spec))
+                reason = reply.problem or check_update(reply.update, job.task, job.local)
                 if reason is not None:  # one bad client must not poison the global model
                     log.dropped += 1
-                    warn_dropped(self.run_dir, client, round_index, reason)
+                    log.rejected[str(job.client)] = reason
+                    warn_dropped(self.run_dir, job.client, round_index, reason)
                     continue
-                if store and own is not None:  # a client may have no state of its own (yet)
-                    store.save(client, own)
+                if reply.keep:
+                    reply.keep()
                 log.clients += 1
-                if "memory_bytes" in update.metrics:
+                if "memory_bytes" in reply.update.metrics:
                     log.memory = log.memory or {}
-                    log.memory[str(client)] = _memory_record(update.metrics)
-                log.bytes_down += state_bytes(local)
-                log.bytes_up += state_bytes(update.state)
-                losses.append(update.metrics["train_loss"])
-                yield update
+                    log.memory[str(job.client)] = _memory_record(reply.update.metrics)
+                log.bytes_down += state_bytes(job.local)
+                log.bytes_up += state_bytes(reply.update.state)
+                losses.append(reply.update.metrics["train_loss"])
+                yield reply.update
 
-        self.state = method.aggregate(self.state, updates())
+        self.state = self.method.aggregate(self.state, updates())
         log.train_loss = sum(losses) / len(losses) if losses else None
         return log
 
@@ -209,7 +273,7 @@ class Simulation:
         clients: dict[SubModel, list[int]] = {}
         if self.client_test_parts is not None and round_index is not None:
             for client, test in enumerate(self.client_test_parts):
-                spec = self.method.plan(client, self.scenario.budget(client, round_index), round_index)
+                spec = self.method.plan(client, self.budget(client, round_index), round_index)
                 if spec is not None and len(test):
                     clients.setdefault(spec, []).append(client)
         out, accuracies = {}, []
@@ -258,6 +322,7 @@ class Simulation:
                 self.save_checkpoint(t)
                 last_checkpoint = time.monotonic()
             bar.set_postfix(_postfix(self.history, self.headline), refresh=False)
+            self.round_done(record)
             if stop_after is not None and t >= stop_after:
                 bar.close()
                 return {}
@@ -281,11 +346,21 @@ class Simulation:
         run_dir = self.run_dir
         return readable_torch_file(run_dir / "final_model.pt") and readable_json_file(run_dir / "summary.json")
 
+    def round_done(self, record: dict) -> None:
+        """Returns None; called after each round is logged and checkpointed (an engine reports progress here)."""
+
     def save_checkpoint(self, round_index: int) -> None:
         """Checkpoint the state after ``round_index``."""
         payload = {"config": self.cfg.to_dict(), "round": round_index, "elapsed": self.elapsed,
-                   "state": self.state.to_dict()}
+                   "state": self.state.to_dict(), **self.engine_state()}
         save_checkpoint(self.run_dir, payload, self.client_store)
+
+    def engine_state(self) -> dict:
+        """What the engine itself must checkpoint besides the server state (nothing here)."""
+        return {}
+
+    def restore(self, payload: dict) -> None:
+        """Returns None; restores ``engine_state`` from a checkpoint's payload (nothing here)."""
 
     def headline(self, evaluation: dict) -> float:
         """The headline accuracy: the global model's ensemble or last exit, as the method infers."""

@@ -1,28 +1,42 @@
 """Checks on client updates before they reach aggregation: one bad client must not poison the global model.
 
-A dropped update is counted in the round log (``dropped``) and warned about once per client and run.
+The same check runs in every engine (the simulator, Flower's ServerApp). A rejected update is
+counted in the round log (``dropped``, and ``rejected``: client -> reason) and warned about once
+per client and run.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .client import Update
 from .errors import warn
 from .slicing import State
+from .task import Task
 
 _warned: set[tuple[str, int]] = set()  # (run folder, client) already warned about
 
 
-def check_update(state: State, expected_shapes: dict[str, torch.Size]) -> str | None:
-    """Why the update ``state`` cannot be aggregated (unknown tensor, wrong shape, non-finite values), or None."""
-    for name, tensor in state.items():
-        if name not in expected_shapes:
+def check_update(update: Update, task: Task, sent: State) -> str | None:
+    """Why ``update``, the reply to ``task`` whose tensors were ``sent``, cannot be aggregated (another
+    client's, a sub-model that was not assigned, a sample count <= 0, an unknown tensor, a wrong shape or
+    dtype, non-finite values), or None. A client may send back part of what it got."""
+    if update.client != task.client:
+        return f"the update says it is client {update.client}'s, but the task was client {task.client}'s"
+    if update.spec != task.spec:
+        return f"sub-model {update.spec} was not assigned (the task's is {task.spec})"
+    if isinstance(update.num_samples, bool) or not isinstance(update.num_samples, int) or update.num_samples <= 0:
+        return f"sample count {update.num_samples!r} is not an integer > 0"
+    for name, tensor in update.state.items():
+        if name not in sent:
             return f"tensor '{name}' was not sent to the client"
         if not isinstance(tensor, torch.Tensor):
             return f"'{name}' is a {type(tensor).__name__}, not a tensor"
-        if tuple(tensor.shape) != tuple(expected_shapes[name]):
-            return f"tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(expected_shapes[name])}"
-    floats = {n: t for n, t in state.items() if t.is_floating_point()}
+        if tuple(tensor.shape) != tuple(sent[name].shape):
+            return f"tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(sent[name].shape)}"
+        if tensor.dtype != sent[name].dtype:
+            return f"tensor '{name}' has dtype {tensor.dtype}, expected {sent[name].dtype}"
+    floats = {n: t for n, t in update.state.items() if t.is_floating_point()}
     if floats and not bool(torch.stack([torch.isfinite(t).all() for t in floats.values()]).all()):  # one sync
         name = next(n for n, t in floats.items() if not bool(torch.isfinite(t).all()))
         return f"tensor '{name}' holds non-finite values (NaN or inf)"

@@ -103,9 +103,10 @@ def _claim_problem(claim: dict, labels: list[str]) -> str | None:
     return None
 
 
-# where a run is written, what its report looks for, and how often it checkpoints by the clock (which never
-# changes its results, and was added after bench folders were named by these values)
-NOT_THE_RUN = ("out", "name", "target_accuracy", "checkpoint_seconds")
+# where a run is written, what its report looks for, how often it checkpoints by the clock and how long
+# a Flower server waits for replies (which never change a simulated run's results, and were added after
+# bench folders were named by these values)
+NOT_THE_RUN = ("out", "name", "target_accuracy", "checkpoint_seconds", "round_timeout")
 
 
 def run_values(cfg: Config) -> dict:

@@ -24,7 +24,7 @@ import torch
 from ..aggregation import MaskedMean, ServerState, make_server_optimizer
 from ..client import ModelCache, Update, build_model, describe_family
 from ..costs import measure, width_memory
-from ..devices import Budget, fit_largest, level_budgets, width_budgets
+from ..devices import Budget, describe_budget, fit_largest, fits, level_budgets, width_budgets
 from ..errors import HetflError
 from ..losses import ensemble_logits
 from ..models import ModelFamily, model_family
@@ -171,6 +171,16 @@ class Method:
         if budget not in self._fitted:
             self._fitted[budget] = fit_largest(self.candidates(), budget, self.cost)
         return self._fitted[budget]
+
+    def level_for(self, budget: Budget) -> int:
+        """The highest level whose sub-model fits ``budget``'s physical limits (its own level when it has none):
+        what a device that states its budget in bytes or MACs counts as for methods that keep a model per level."""
+        if budget.memory_bytes is None and budget.macs_per_sample is None:
+            return budget.level
+        fitting = [l for l in range(1, self.num_levels + 1) if fits(self.cost(self.level_spec(l)), budget)]
+        if not fitting:
+            raise HetflError(f"a budget of {describe_budget(budget)} is smaller than the smallest level's sub-model")
+        return fitting[-1]
 
     def depth_for_level(self, level: int) -> int:
         """Blocks a level-``level`` device trains."""

@@ -1,0 +1,209 @@
+"""A Flower federation on one machine: a SuperLink and SuperNodes on free loopback ports, as child processes.
+
+Each process runs in its own process group (so the ClientApp and ServerApp processes Flower
+starts under it go with it) and logs to ``ROOT/logs``; ``stop`` (and leaving the ``with`` block,
+whatever happened) sends SIGTERM to every group and SIGKILL to what is left after a grace period.
+Flower's own settings are kept inside ``ROOT``: its home (``FLWR_HOME``: the CLI's connection to
+this SuperLink, the installed app), the credentials. Runtime dependency installation is off: the
+app runs in this Python environment, with this torch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import HetflError
+from .credentials import make_node_key, make_tls
+
+CONNECTION = "hetfl"  # the name of this SuperLink in the Flower CLI's config
+GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL when stopping
+RESTART_SECONDS = 5.0  # a node that dies is started again, but not sooner than this after its last start
+START_SECONDS = 60.0  # for the SuperLink to listen
+FLOWER_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    # a SuperNode's SuperExec polls for work to start every second by default: a second added to every message
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05",
+}
+
+
+def flower_bin(name: str) -> str:
+    """The path of Flower's command ``name`` in this Python environment; HetflError when Flower is missing."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        raise HetflError(f"Flower's {name} is not installed in this environment; pip install 'hetfl[flower]'")
+    return str(path)
+
+
+def check_installed() -> None:
+    """Returns None; HetflError unless Flower's commands are installed in this environment."""
+    for name in ("flower-superlink", "flower-supernode", "flwr"):
+        flower_bin(name)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config_string(values: dict) -> str:
+    """``values`` as Flower's ``key=value ...`` config string (strings quoted)."""
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, str):
+            if '"' in value or "\\" in value:
+                raise HetflError(f"{key} {value!r} cannot hold a quote or a backslash in a Flower config")
+            value = f'"{value}"'
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+class Federation:
+    """A SuperLink and its SuperNodes on loopback, with TLS and SuperNode authentication on request (``env``: more
+    environment variables for every process)."""
+
+    def __init__(self, root: Path, tls: bool = False, node_auth: bool = False, env: dict | None = None):
+        self.root = Path(root)
+        self.node_auth = node_auth
+        self.tls = make_tls(self.root / "tls") if tls or node_auth else None  # Flower authenticates nodes over TLS
+        self.port = free_port()
+        self.procs: list[subprocess.Popen] = []
+        self.nodes: dict[str, tuple[list[str], subprocess.Popen, float]] = {}  # name -> command, process, started
+        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(self.root / "home"),
+                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
+
+    @property
+    def address(self) -> str:
+        """The SuperLink's address (all of its APIs: Fleet, Control, ServerApp runtime)."""
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Federation:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Returns None; starts the SuperLink, waits for it to listen and points the Flower CLI at it."""
+        command = [flower_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port),
+                   "--disable-runtime-dependency-installation", *self._server_tls()]
+        if self.node_auth:
+            command.append("--enable-supernode-auth")
+        self.superlink = self._spawn("superlink", command)
+        deadline = time.monotonic() + START_SECONDS
+        while not _listening(self.port):
+            if self.superlink.poll() is not None or time.monotonic() > deadline:
+                raise HetflError(f"the SuperLink did not start; see {self.log('superlink')}")
+            time.sleep(0.1)
+        home = self.root / "home"
+        home.mkdir(exist_ok=True)
+        security = f'root-certificates = "{self.tls.ca}"' if self.tls else "insecure = true"
+        (home / "config.toml").write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+                                          f'address = "{self.address}"\n{security}\n')
+
+    def _server_tls(self) -> list[str]:
+        if self.tls is None:
+            return ["--insecure"]
+        return ["--ssl-ca-certfile", str(self.tls.ca), "--ssl-certfile", str(self.tls.cert),
+                "--ssl-keyfile", str(self.tls.key)]
+
+    def add_node(self, name: str, node_config: dict, registered: bool = True) -> subprocess.Popen:
+        """A started SuperNode with ``node_config``; with node authentication it gets a key of its own, which is
+        put on the SuperLink's list unless ``registered`` is False (such a node is refused)."""
+        command = [flower_bin("flower-supernode"), "--superlink", self.address, "--host", "127.0.0.1",
+                   "--port", str(free_port()), "--node-config", config_string(node_config)]
+        command += ["--root-certificates", str(self.tls.ca)] if self.tls else ["--insecure"]
+        if self.node_auth:
+            private, public = make_node_key(self.root / "keys", name)
+            if registered:
+                self.flwr("supernode", "register", str(public), CONNECTION)
+            command += ["--auth-supernode-private-key", str(private)]
+        process = self._spawn(f"node-{name}", command)
+        self.nodes[name] = (command, process, time.monotonic())
+        return process
+
+    def restart_dead_nodes(self) -> list[str]:
+        """The names of the SuperNodes that had exited and were started again (same command, same key); a node
+        that keeps dying is started at most every ``RESTART_SECONDS``."""
+        restarted = []
+        for name, (command, process, started) in self.nodes.items():
+            if process.poll() is not None and time.monotonic() - started >= RESTART_SECONDS:
+                _signal_group(process, signal.SIGKILL)  # what it left behind
+                self.nodes[name] = (command, self._spawn(f"node-{name}", command), time.monotonic())
+                restarted.append(name)
+        return restarted
+
+    def flwr(self, *args: str) -> str:
+        """The output of the Flower CLI command ``flwr ARGS`` against this SuperLink; HetflError if it fails."""
+        done = subprocess.run([flower_bin("flwr"), *args], env=self.env, cwd=self.root, capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode != 0:
+            raise HetflError(f"flwr {' '.join(args[:2])} failed: {' '.join((done.stderr or done.stdout).split())}")
+        return done.stdout
+
+    def run_app(self, app_dir: Path, run_config: dict) -> subprocess.Popen:
+        """A started ``flwr run APP --stream`` of the Flower App in ``app_dir``: its output is the run's log."""
+        command = [flower_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream",
+                   "--run-config", config_string(run_config)]
+        process = subprocess.Popen(command, env=self.env, cwd=self.root, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.procs.append(process)
+        return process
+
+    def log(self, name: str) -> Path:
+        """The log file of the process called ``name``."""
+        return self.root / "logs" / f"{name}.log"
+
+    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
+        with open(self.log(name), "a") as log:
+            process = subprocess.Popen(command, env=self.env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        self.procs.append(process)
+        return process
+
+    def stop(self) -> None:
+        """Returns None; stops every process this federation started, and whatever they started."""
+        for process in reversed(self.procs):
+            _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_SECONDS
+        for process in self.procs:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(process, signal.SIGKILL)  # also the children a graceful exit left behind
+            process.wait()
+            if process.stdout:
+                process.stdout.close()
+        self.procs.clear()
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    """Returns None; sends ``sig`` to the process group ``process`` leads (gone already: nothing to do)."""
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0

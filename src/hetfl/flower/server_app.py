@@ -1,0 +1,35 @@
+"""hetfl's ServerApp: runs any hetfl method's strategy on Flower through ``deployment.Deployment``.
+
+Its run config (``flwr run APP --run-config ...``) names either ``config``, a TOML (or JSON) file
+of hetfl options on the SuperLink's machine (a new run folder is created under its ``out``), or
+``run-dir``, a run folder to continue from its last checkpoint (``hetfl deploy`` creates the
+folder first and passes it here; ``hetfl deploy --resume`` passes an interrupted one).
+"""
+
+from __future__ import annotations
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from ..errors import HetflError
+from ..methods import load_config
+from ..report import run_table
+from .deployment import Deployment
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Returns None; runs the experiment the run config names and prints its summary table."""
+    config, run_dir = str(context.run_config.get("config", "")), str(context.run_config.get("run-dir", ""))
+    try:
+        if bool(config) == bool(run_dir):
+            raise HetflError("the run config must name either config (a hetfl TOML file) or run-dir (a run folder "
+                             f"to continue), got config={config!r} run-dir={run_dir!r}")
+        deployment = Deployment.resume(run_dir, grid=grid) if run_dir else Deployment(load_config(config), grid)
+        summary = deployment.run()
+    except HetflError as e:
+        print(f"hetfl: error: {e}", flush=True)
+        raise
+    print(run_table(summary), flush=True)

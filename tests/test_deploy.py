@@ -1,0 +1,254 @@
+"""The parts of the Flower engine, fast and in one process (issue 12): node configs, the nodes' own state and data,
+the wire format, and the ServerApp's rounds over an in-process Grid whose nodes are ClientApp calls. The same
+engine with real SuperLink and SuperNode processes is tests/test_flower.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hetfl.devices import Budget
+from hetfl.errors import HetflError
+from hetfl.flower.identity import NodeIdentity
+from hetfl.flower.node import OwnStates, client_data
+from hetfl.sim import Simulation
+
+
+# ---- node configs, own state, data ---------------------------------------------------------------------------
+def test_node_config_is_checked():
+    node = NodeIdentity.from_config({"partition-id": 0, "num-partitions": 4, "level": 2, "state-dir": "/tmp/x"})
+    assert (node.partition_id, node.num_partitions, node.level) == (0, 4, 2)
+    assert NodeIdentity.from_config(node.to_config()) == node
+    assert NodeIdentity.from_config({"data-path": "/data/mine.npz"}).partition_id is None
+    for bad, message in [({"partition-id": 0}, "both partition-id and num-partitions"),
+                         ({"level": 1}, "partition-id and num-partitions .* or data-path"),
+                         ({"partition-id": 4, "num-partitions": 4}, "below num-partitions"),
+                         ({"partition-id": -1, "num-partitions": 4}, "integer >= 0"),
+                         ({"partition-id": 0, "num-partitions": 4, "level": "2"}, "level must be an integer"),
+                         ({"partition-id": 0, "num-partitions": 4, "partition_id": 0}, "'partition_id' is unknown")]:
+        with pytest.raises(HetflError, match=message):
+            NodeIdentity.from_config(bad)
+
+
+def test_own_states_are_kept_per_round_and_forgotten_when_no_resume_needs_them(tmp_path):
+    states = OwnStates(tmp_path, "run", client=3)
+    assert states.load(0) is None
+    for t in (1, 2):
+        states.save(t, {"g": torch.full((2,), float(t))}, keep_round=0)
+    states.save(4, {"g": torch.full((2,), 4.0)}, keep_round=2)  # the last checkpoint needs round 2's
+    assert sorted(p.name for p in states.folder.iterdir()) == ["round-2.pt", "round-4.pt"]
+    assert torch.equal(states.load(2)["g"], torch.full((2,), 2.0))
+    with pytest.raises(HetflError, match="no own state of round 1"):
+        states.load(1)
+
+
+def test_a_node_trains_on_the_simulators_partition_cut_once(tiny_cfg, tmp_path):
+    sim = Simulation(tiny_cfg(partition="dirichlet", client_test_fraction=0.2))
+    cfg = sim.cfg
+    data = {"dataset": cfg.dataset, "num_clients": cfg.num_clients, "partition": cfg.partition, "alpha": cfg.alpha,
+            "classes_per_client": cfg.classes_per_client, "min_client_size": cfg.min_client_size,
+            "client_test_fraction": cfg.client_test_fraction, "seed": cfg.seed}
+    node = NodeIdentity.from_config({"partition-id": 7, "num-partitions": 20, "state-dir": str(tmp_path)})
+    for _ in range(2):  # the second time from the node's cache
+        got = client_data(node, 7, data)
+        assert torch.equal(got.x[got.indices], sim.x_train[sim.parts[7]])
+        assert torch.equal(got.y[got.indices], sim.y_train[sim.parts[7]])
+    assert len(list((tmp_path / "data").glob("*.pt"))) == 1
+
+
+# ---- the wire ----------------------------------------------------------------------------------------------
+def test_tasks_and_updates_cross_the_wire_exactly_and_bad_replies_are_named(tiny_cfg):
+    pytest.importorskip("flwr")
+    from flwr.app import ConfigRecord, MetricRecord, RecordDict
+
+    from hetfl.client import Update
+    from hetfl.flower.wire import Work, read_reply, read_work, reply_content, wire_bytes, work_content
+    from hetfl.slicing import state_bytes
+
+    sim = Simulation(tiny_cfg(method="depthfl"))
+    task, local = sim.method.configure(sim.state, 2, sim.budget(2, 1), 1)
+    work = read_work(work_content(Work(task, local, {"dataset": "digits"}, "key", 3, 1)))
+    assert (work.task, work.data, work.run, work.state_round, work.keep_round) == (task, {"dataset": "digits"}, "key",
+                                                                                   3, 1)
+    assert work.task.state_shapes == task.state_shapes
+    assert all(torch.equal(work.local[k], v) and work.local[k].dtype == v.dtype for k, v in local.items())
+    update = Update(2, task.spec, local, 17, {"train_loss": 0.5})
+    content = reply_content(update)
+    assert 0 < wire_bytes(content) - state_bytes(local) <= 128 * len(local)  # a small header per tensor
+    back = read_reply(content)
+    assert (back.client, back.spec, back.num_samples, back.metrics) == (2, task.spec, 17, {"train_loss": 0.5})
+    assert all(torch.equal(back.state[k], v) for k, v in local.items())
+    with pytest.raises(ValueError, match="no 'arrays' record"):
+        read_reply(RecordDict({"metrics": MetricRecord({"num-examples": 1}), "config": ConfigRecord({"client": 2})}))
+    broken = reply_content(update)
+    broken["config"]["spec"] = "{not json"
+    with pytest.raises(ValueError, match="cannot be read"):
+        read_reply(broken)
+
+
+# ---- the ServerApp's rounds, with nodes that are ClientApp calls in this process -------------------------------
+class InProcessGrid:
+    """A Flower Grid whose nodes are calls of hetfl's ClientApp in this process (node id -> node config); a node in
+    ``silent`` never replies."""
+
+    def __init__(self, node_configs: dict[int, dict]):
+        self.configs = dict(node_configs)
+        self.silent: set[int] = set()
+        self.replies: dict[str, object] = {}
+        self.count = 0
+
+    def get_node_ids(self):
+        return list(self.configs)
+
+    def push_messages(self, messages):
+        from flwr.app import Context, Error, Message, RecordDict
+
+        from hetfl.flower.client_app import app
+
+        ids = []
+        for message in messages:
+            self.count += 1
+            message.metadata.__dict__["_message_id"] = f"m{self.count}"  # what Flower's own grids do
+            node = message.metadata.dst_node_id
+            if node not in self.silent:
+                context = Context(run_id=1, node_id=node, node_config=self.configs[node], state=RecordDict(),
+                                  run_config={})
+                try:
+                    self.replies[f"m{self.count}"] = app(message, context)
+                except Exception as e:  # what Flower replies for a ClientApp that raised
+                    self.replies[f"m{self.count}"] = Message(Error(2, f"{type(e).__name__}: {e}"), reply_to=message)
+            ids.append(f"m{self.count}")
+        return ids
+
+    def pull_messages(self, ids):
+        return [self.replies.pop(i) for i in list(ids) if i in self.replies]
+
+
+def node_configs(n: int, root, extra: dict) -> dict[int, dict]:
+    """Node id 100 + k is client k of ``n``, keeping its state under ``root``, with more node config ``extra[k]``."""
+    return {100 + k: {"partition-id": k, "num-partitions": n, "state-dir": str(root / f"node-{k}"), **extra.get(k, {})}
+            for k in range(n)}
+
+
+@pytest.fixture
+def deployment(tiny_cfg, tmp_path, monkeypatch):
+    """A Deployment of ``tiny_cfg(**changes)`` over an in-process grid of one node per client."""
+    pytest.importorskip("flwr")
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from hetfl.flower.deployment import Deployment
+
+    for key in ("_task_id", "_run_id", "_node_id"):  # what Flower sets in a ServerApp process, and Message reads
+        monkeypatch.setattr(TaskIdentity, key, 1)
+
+    def make(extra=None, **changes):
+        cfg = tiny_cfg(round_timeout=5, **changes)
+        return Deployment(cfg, InProcessGrid(node_configs(cfg.num_clients, tmp_path, extra or {})))
+
+    return make
+
+
+def test_flower_rounds_equal_the_simulators_and_resume_exactly(deployment, tiny_cfg):
+    cfg_changes = dict(method="depthfl", client_fraction=0.5, rounds=4, checkpoint_every=2)  # FedDyn state on nodes
+    want = Simulation(tiny_cfg(name="sim", **cfg_changes))
+    want.run(progress=False)
+    whole = deployment(name="whole", **cfg_changes)
+    whole.run()
+    for k, v in want.global_state.items():
+        assert torch.equal(v, whole.global_state[k]), k
+    assert [r["eval"] for r in whole.history] == [r["eval"] for r in want.history]
+    assert all(r["wire_bytes_down"] > r["bytes_down"] > 0 for r in whole.history)
+
+    stopped = deployment(name="stopped", **cfg_changes)
+    stopped.run(stop_after=3)  # checkpoint after round 2; round 3's own states stay on the nodes
+    from hetfl.flower.deployment import Deployment
+    from hetfl.rundir import unlock_run_dir
+
+    unlock_run_dir(stopped.run_dir)
+    resumed = Deployment.resume(stopped.run_dir, grid=stopped.grid)
+    assert resumed.start_round == 2 and resumed.state_rounds
+    resumed.run()
+    for k, v in want.global_state.items():
+        assert torch.equal(v, resumed.global_state[k]), k
+
+
+def test_nodes_state_their_budgets_and_silent_or_lying_nodes_are_missing_or_rejected(deployment, capsys):
+    run = deployment(extra={0: {"level": 1}, 1: {"level": 4}, 2: {"corrupt": "spec"}, 3: {"memory-bytes": 1}},
+                     method="depthfl", client_fraction=1.0, rounds=2)
+    run.grid.silent.add(104)  # client 4's node never answers
+    run.run()
+    assert run.budgets[0] == Budget(level=1) and run.budgets[1] == Budget(level=4)
+    assert run.method.plan(0, run.budget(0, 1), 1).depth == run.method.level_spec(1).depth  # a weak node: small
+    assert 3 not in run.nodes and 4 not in run.nodes  # a budget below every sub-model; no answer to "who are you"
+    err = capsys.readouterr().err
+    assert "smaller than the smallest" in err and "did not say who it is" in err
+    for r in run.history:
+        assert r["missing"] == [3, 4]
+        assert list(r["rejected"]) == ["2"] and "was not assigned" in r["rejected"]["2"]
+        assert r["clients"] == 17
+
+
+def test_a_node_with_its_own_data_files_takes_the_first_free_client(deployment, tmp_path):
+    import numpy as np
+
+    from hetfl.data import load_dataset
+
+    digits = load_dataset("digits")
+    own = tmp_path / "own.npz"
+    np.savez(own, x_train=digits.x_train[:40].numpy(), y_train=digits.y_train[:40].numpy(),
+             x_test=digits.x_test[:10].numpy(), y_test=digits.y_test[:10].numpy())
+    run = deployment(method="alllarge", client_fraction=1.0, rounds=1)
+    del run.grid.configs[100]  # client 0's node is replaced by one with its own files and no partition-id
+    run.grid.configs[300] = {"data-path": str(own), "state-dir": str(tmp_path / "own-node")}
+    run.run()
+    assert run.nodes[0] == 300
+    assert run.history[0]["clients"] == 20 and not run.history[0]["missing"]
+
+
+def test_a_restarted_node_serves_its_client_again(deployment):
+    run = deployment(method="alllarge", client_fraction=1.0, rounds=1)
+    run.run()
+    assert run.nodes[5] == 105
+    run.grid.configs[205] = run.grid.configs.pop(105)  # node 105 died; its client came back as node 205
+    run.discover()
+    assert run.nodes[5] == 205
+
+
+# ---- the command, without Flower processes ----------------------------------------------------------------------
+def hetfl(*args: str, block_flower: bool = False) -> subprocess.CompletedProcess:
+    """`hetfl ARGS` in a fresh process; ``block_flower``: as if Flower were not installed."""
+    code = ("import sys; sys.modules['flwr'] = None; " if block_flower else "import sys; ") + \
+        "from hetfl.cli import main; sys.exit(main())"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--nodes", "3", "--num-clients", "4"], "equal num_clients"),
+    (["--nodes", "3", "--levels", "3", "--node-config", "3:level=1"], "K a node 0..2"),
+    (["--nodes", "3", "--levels", "3", "--node-config", "1:corrupt=gibberish"], "corrupt 'gibberish' is unknown"),
+    (["--nodes", "3", "--levels", "3", "--node-config", "1:budget=3"], "'budget' is unknown"),
+    (["--resume", "/nonexistent"], "not a hetfl run folder"),
+])
+def test_deploy_refuses_bad_input_before_anything_starts(tmp_path, args, message):
+    pytest.importorskip("flwr")
+    experiment = [] if "--resume" in args else ["--dataset", "digits", "--out", str(tmp_path / "runs")]
+    done = hetfl("deploy", *experiment, *args)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_without_flower_deploy_says_what_to_install_and_the_rest_runs(tmp_path):
+    done = hetfl("deploy", "--nodes", "3", "--out", str(tmp_path / "runs"), block_flower=True)
+    assert done.returncode == 2 and "pip install 'hetfl[flower]'" in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists()
+    done = hetfl("run", "--dataset", "digits", "--model-width", "0.25", "--num-clients", "4", "--client-fraction", "1",
+                 "--levels", "2", "--rounds", "1", "--quiet", "--out", str(tmp_path / "runs"), "--name", "plain",
+                 block_flower=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "runs" / "plain" / "summary.json").read_text())["rounds"] == 1

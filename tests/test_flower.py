@@ -1,0 +1,262 @@
+"""hetfl on Flower (issue 12): a real SuperLink and real SuperNodes on loopback, each guarantee a test.
+
+1. the same final weights as the simulator (FedAvg, DepthFL with FedDyn state on the nodes' disks,
+   HeteroFL with different sub-models per node, only the local tensors on the wire);
+2. TLS and SuperNode authentication: a node whose key is not on the SuperLink's list is refused;
+3. a SuperNode killed with SIGKILL mid-round: the round ends at its deadline, the client is recorded
+   as missing, the node comes back and takes part again;
+4. the SuperLink and ServerApp killed with SIGKILL after a round: ``hetfl deploy --resume`` ends with
+   the weights of an uninterrupted run (and a Ctrl-C on the way stops every process);
+5. bad replies (here a node that sends NaNs) are rejected with the client's id, never aggregated.
+
+Every process runs with one thread (results are compared bit for bit with the simulator run in
+this process with one thread), every wait has a deadline, and every test checks that no process it
+started is left. Skipped without Flower (``pip install 'hetfl[flower]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from hetfl.costs import measure  # noqa: E402
+from hetfl.flower.deploy import write_app  # noqa: E402
+from hetfl.flower.federation import Federation  # noqa: E402
+from hetfl.methods import config_from  # noqa: E402
+from hetfl.rundir import unlock_run_dir  # noqa: E402
+from hetfl.sim import Simulation  # noqa: E402
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+TIMEOUT = 240  # seconds for any one run on Flower; a few rounds on digits take well under a minute
+
+
+def small_cfg(out: Path, name: str, **changes):
+    """3 clients on digits, all in every round, a quarter-width CNN: seconds per round on Flower."""
+    base = dict(dataset="digits", model_width=0.25, num_clients=3, levels=3, client_fraction=1.0, rounds=2,
+                batch_size=16, lr=0.05, round_timeout=120, out=str(out), name=name)
+    return config_from({**base, **changes})
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread in this process (as on every node), restored after the test."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def simulated(cfg) -> tuple[dict, list[dict]]:
+    """The final weights and round records of ``cfg`` run by the simulator in this process."""
+    sim = Simulation(cfg.replace(name=cfg.name + "-sim"))
+    sim.run(progress=False)
+    return sim.global_state, records(sim.run_dir)
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "final_model.pt", weights_only=True)
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def live_processes_in(folder: Path) -> list[str]:
+    """The command lines of the live processes working in ``folder`` (or below): those a federation there started."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or (proc / "stat").read_text().split(")")[-1].split()[0] == "Z":
+                continue
+            cwd = Path(os.readlink(proc / "cwd"))
+            if cwd == folder or folder in cwd.parents:
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def wait_for(condition, what: str, deployment: Deploy) -> None:
+    """Returns None once ``condition()`` holds; fails if ``deployment`` ends first or TIMEOUT passes."""
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert deployment.process.poll() is None, f"deploy ended before {what}: {deployment.log.read_text()}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {deployment.log.read_text()}"
+        time.sleep(0.05)
+
+
+# ---- guarantees 1 and 2: one federation over TLS with authenticated nodes, and an intruder ----------------------
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    """A SuperLink over TLS with SuperNode authentication, 3 listed SuperNodes (clients 0-2) and one whose key is
+    not on the list, posing as client 2 with NaN replies."""
+    root = tmp_path_factory.mktemp("federation")
+    with Federation(root, tls=True, node_auth=True, env=ONE_THREAD) as fed:
+        for k in range(3):
+            fed.add_node(str(k), {"partition-id": k, "num-partitions": 3, "state-dir": str(root / f"node-{k}")})
+        fed.intruder = fed.add_node("intruder", {"partition-id": 2, "num-partitions": 3, "corrupt": "nan",
+                                                 "state-dir": str(root / "intruder")}, registered=False)
+        yield fed
+    assert not live_processes_in(root)
+
+
+def run_on(federation: Federation, cfg) -> Path:
+    """The run folder of ``cfg`` run to its end as an app on ``federation``."""
+    run_dir = Simulation(cfg).create_run_dir()
+    unlock_run_dir(run_dir)  # the ServerApp writes it
+    process = federation.run_app(write_app(federation.root / "app"), {"run-dir": str(run_dir)})
+    out, _ = process.communicate(timeout=TIMEOUT)
+    assert (run_dir / "summary.json").exists(), out
+    return run_dir
+
+
+def test_flower_runs_give_the_simulators_weights_over_tls_with_authenticated_nodes(federation, tmp_path, one_thread):
+    cfgs = [small_cfg(tmp_path, "fedavg", method="alllarge", rounds=1),
+            small_cfg(tmp_path, "heterofl", method="heterofl", rounds=1),  # widths 1/3, 2/3, 1: one per node
+            small_cfg(tmp_path, "depthfl", method="depthfl")]  # FedDyn: each client's g_k on its node's disk
+    for cfg in cfgs:
+        run_dir = run_on(federation, cfg)
+        want, want_records = simulated(cfg)
+        assert_identical(want, weights(run_dir))
+        got = records(run_dir)
+        for g, w in zip(got, want_records):
+            assert (g["clients"], g["bytes_down"], g["bytes_up"], g["eval"]) == \
+                (w["clients"], w["bytes_down"], w["bytes_up"], w["eval"])
+            assert g["clients"] == 3 and not g["missing"] and not g["rejected"]  # the intruder took no part
+            # only each client's local tensors went down: their bytes plus a small header per tensor
+            assert 0 < g["wire_bytes_down"] - g["bytes_down"] <= 128 * len(want) * 3
+        if cfg.method == "heterofl":  # the sub-model sizes `hetfl costs` reports, one per level
+            method = Simulation(cfg.replace(name="costs")).method
+            sizes = [measure(method.family, method.level_spec(level)).bytes_down for level in (1, 2, 3)]
+            assert got[0]["bytes_down"] == sum(sizes) < 3 * sizes[-1]
+        if cfg.method == "depthfl":
+            run = json.loads((run_dir / "config.json").read_text())
+            for k in range(3):
+                states = sorted(p.name for p in (federation.root / f"node-{k}" / "runs").glob(f"*/client-{k}/*.pt"))
+                assert states == ["round-1.pt", "round-2.pt"], (k, states, run["name"])
+    # the intruder was refused at the door: it never became a node of the federation
+    assert federation.intruder.wait(timeout=TIMEOUT) != 0
+    nodes = json.loads(federation.flwr("supernode", "ls", "hetfl", "--format", "json"))
+    assert len([n for n in nodes["nodes"] if n.get("status") == "online"]) == 3, nodes
+
+
+# ---- guarantees 3, 4, 5: `hetfl deploy` with a node that dies, a node that lies, a server that dies ------------
+class Deploy:
+    """A running `hetfl deploy ARGS` (every process on one thread), its output in ``log``; stopped like Ctrl-C
+    (SIGTERM: it stops every process it started) if the test leaves it running."""
+
+    def __init__(self, log: Path, *args: str):
+        self.log = log
+        with open(log, "w") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "hetfl", "deploy", *args], stdout=out,
+                                            stderr=subprocess.STDOUT, env={**os.environ, **ONE_THREAD})
+
+    def __enter__(self) -> Deploy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def finish(self) -> tuple[int, str]:
+        """Its exit code and output once it has ended."""
+        code = self.process.wait(TIMEOUT)
+        return code, self.log.read_text()
+
+
+def flags(cfg) -> list[str]:
+    """``cfg`` as `hetfl deploy` flags (its clients are the SuperNodes: --nodes)."""
+    out = []
+    for k, v in cfg.to_dict().items():
+        v = ",".join(map(str, v)) if isinstance(v, list) else v
+        if v != "" and k != "num_clients":
+            out.append(f"--{k.replace('_', '-')}={v}")
+    return out
+
+
+def process_of(run_dir: Path, *words: str) -> int | None:
+    """The pid of a live process of the deployment in ``run_dir`` whose command line holds every word."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if proc.name.isdigit() and all(w in cmdline for w in words) and \
+                    Path(os.readlink(proc / "cwd")).is_relative_to(run_dir):
+                return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+def test_a_node_killed_mid_round_is_missing_then_back_and_bad_replies_are_rejected(tmp_path, one_thread):
+    cfg = small_cfg(tmp_path, "faults", method="depthfl", rounds=3, round_timeout=30)
+    run_dir = tmp_path / "faults"
+    with Deploy(tmp_path / "deploy.log", *flags(cfg), "--nodes=3", "--node-config", "1:corrupt=nan") as deployment:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists(), "round 1", deployment)
+        node = process_of(run_dir, "flower-supernode", "partition-id=2")
+        wait_for(lambda: _has_child_clientapp(node), "node 2 training", deployment)
+        os.killpg(node, signal.SIGKILL)  # the device dies: its SuperNode and its ClientApp
+        code, out = deployment.finish()
+    assert code == 0, out
+    assert "SuperNode 2 died; started it again" in out
+    got = records(run_dir)
+    assert [r["missing"] for r in got] == [[], [2], []]  # the dead node's round ended at its deadline
+    assert all(list(r["rejected"]) == ["1"] and "non-finite" in r["rejected"]["1"] for r in got)
+    assert [r["clients"] for r in got] == [2, 1, 2]  # client 2 came back for round 3
+    assert "dropped the update of client 1" in out
+    assert not live_processes_in(run_dir)
+
+
+def _has_child_clientapp(supernode: int) -> bool:
+    """Whether a ClientApp runs under the SuperNode ``supernode`` (a child of its SuperExec)."""
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(supernode)], capture_output=True, text=True).stdout
+    for child in children.split():
+        grandchildren = subprocess.run(["ps", "-o", "cmd=", "--ppid", child], capture_output=True, text=True).stdout
+        if "flwr-clientapp" in grandchildren:
+            return True
+    return False
+
+
+def test_the_server_killed_after_a_round_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, one_thread):
+    cfg = small_cfg(tmp_path, "killed", method="depthfl", rounds=2)
+    run_dir = tmp_path / "killed"
+    with Deploy(tmp_path / "deploy.log", *flags(cfg), "--nodes=3") as deployment:
+        wait_for(lambda: (run_dir / "checkpoint" / "state.pt").exists(), "round 1's checkpoint", deployment)
+        for words in (("flwr-serverapp",), ("flower-superlink",)):  # the server machine dies
+            os.kill(process_of(run_dir, *words), signal.SIGKILL)
+        code, out = deployment.finish()
+    assert code == 1 and "hetfl deploy --resume" in out, out
+    assert not live_processes_in(run_dir)
+    assert len(records(run_dir)) == 1
+    with Deploy(tmp_path / "interrupted.log", "--resume", str(run_dir)) as interrupted:  # and Ctrl-C while it starts
+        wait_for(lambda: process_of(run_dir, "flower-supernode"), "a SuperNode", interrupted)
+        interrupted.process.send_signal(signal.SIGINT)
+        code, out = interrupted.finish()
+    assert code == 130 and "interrupted" in out, out
+    assert not live_processes_in(run_dir)
+    with Deploy(tmp_path / "resume.log", "--resume", str(run_dir)) as resumed:
+        code, out = resumed.finish()
+    assert code == 0, out
+    assert_identical(simulated(cfg)[0], weights(run_dir))
+    assert [r["round"] for r in records(run_dir)] == [1, 2]
+    assert not live_processes_in(run_dir)
