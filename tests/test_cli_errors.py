@@ -132,12 +132,14 @@ def test_foreign_checkpoint(tmp_path, capsys):
 
 
 def test_a_checkpoint_from_before_an_option_existed_still_resumes(tmp_path, capsys):
-    """Options added later (dropout_fraction, ...) are absent from older checkpoints: at their defaults they match."""
+    """Options added later (dropout_fraction, ...) are recorded only when set, so older checkpoints lack them;
+    a checkpoint that recorded one at its default (split_nested, written before it was marked) matches too."""
     run = finished_run(tmp_path, capsys)
     state = run / "checkpoint" / "state.pt"
     payload = torch.load(state, weights_only=True)
-    for option in ("dropout_fraction", "corrupt_fraction", "round_timeout"):
-        del payload["config"][option]
+    for option in ("dropout_fraction", "corrupt_fraction", "round_timeout", "split_nested"):
+        assert option not in payload["config"]
+    payload["config"]["split_nested"] = True
     torch.save(payload, state)
     (run / "summary.json").unlink()  # so the resume reads the checkpoint
     assert run_cli(["run", "--resume", str(run)], capsys)[0] == 0

@@ -118,7 +118,7 @@ def test_depthfl_client_update_equals_the_written_out_objective():
     fam = _linear_family()
     alpha, lr, wd = 0.1, 0.1, 1e-3
     cfg = config_from({"method": "depthfl", "feddyn_alpha": alpha, "lr": lr, "momentum": 0.0, "weight_decay": wd,
-                            "batch_size": 4, "num_clients": 4, "levels": 3, "local_epochs": 2})
+                       "batch_size": 4, "num_clients": 4, "levels": 3, "local_epochs": 2, "kd_ramp": 0.0})  # KD weight 1
     method = DepthFL(cfg, fam, num_levels=3)
     server = method.init_state(0)
     g = server.params
