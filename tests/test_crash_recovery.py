@@ -23,6 +23,7 @@ import torch
 from hetfl.cli import main
 from hetfl.config import Config
 from hetfl.methods import config_from
+from weights import assert_identical, weights
 from hetfl.sim import Simulation
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -74,16 +75,6 @@ def kill_after_rounds(proc: subprocess.Popen, run_dir: Path, rounds: int) -> int
     proc.wait(TIMEOUT)
     proc.stderr.close()
     return metrics.read_text().count("\n")
-
-
-def weights(run_dir: Path) -> dict:
-    return torch.load(run_dir / "final_model.pt", weights_only=True)
-
-
-def assert_identical(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 def resume_ok(run_dir: Path, crash: str | None = None) -> subprocess.CompletedProcess:

@@ -35,6 +35,7 @@ from hetfl.flower.federation import Federation  # noqa: E402
 from hetfl.methods import config_from  # noqa: E402
 from hetfl.rundir import unlock_run_dir  # noqa: E402
 from hetfl.sim import Simulation  # noqa: E402
+from weights import assert_identical, weights  # noqa: E402
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 TIMEOUT = 240  # seconds for any one run on Flower; a few rounds on digits take well under a minute
@@ -65,16 +66,6 @@ def simulated(cfg) -> tuple[dict, list[dict]]:
 
 def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def weights(run_dir: Path) -> dict:
-    return torch.load(run_dir / "final_model.pt", weights_only=True)
-
-
-def assert_identical(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 def live_processes_in(folder: Path) -> list[str]:

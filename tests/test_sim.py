@@ -4,18 +4,13 @@ import json
 
 import pytest
 import torch
+from weights import assert_identical
 
 from hetfl.sim import Simulation
 
 
 def final_weights(summary):
     return torch.load(f"{summary['run_dir']}/final_model.pt", weights_only=True)
-
-
-def assert_identical(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 def test_alllarge_learns_digits_well_above_chance(tiny_cfg):
