@@ -12,6 +12,7 @@ from hetfl.losses import RunningCE, best_exit_kd
 from hetfl.methods import config_from
 from hetfl.models import model_family
 from hetfl.models.base import federated_state
+from hetfl.models.minilm import MeanExit
 from hetfl.task import LossRecipe
 from tinybert import WORDS, tiny_bert, tiny_bert_dir  # noqa: F401  (fixtures)
 
@@ -40,11 +41,26 @@ def record(model):
     return seen
 
 
-def test_ree_shapes_and_the_growing_history_of_raw_class_tokens(tiny_bert):
+def summary(h, x):
+    """The token mean of the real tokens, by hand: MiniLM's summary token."""
+    real = (x != 0).float().unsqueeze(-1)
+    return (h * real).sum(1) / real.sum(1)
+
+
+def test_minilm_exits_read_the_mean_of_the_real_tokens():
+    h = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])  # the third token is padding
+    mask = torch.tensor([[True, True, False]])
+    assert torch.equal(MeanExit.pool(h, mask), torch.tensor([[2.0, 3.0]]))
+    moved = MeanExit.replace(h, torch.tensor([[0.0, 0.0]]), mask)
+    assert torch.equal(moved, torch.tensor([[[-1.0, -1.0], [1.0, 1.0], [100.0, 100.0]]]))  # same shift, pad kept
+
+
+def test_ree_shapes_and_the_growing_history_of_raw_summary_tokens(tiny_bert):
     model = ree_model()
     seen = record(model)
+    x = tokens()
     with torch.no_grad():
-        logits = model(tokens())
+        logits = model(x)
     assert [tuple(z.shape) for z in logits] == [(3, 3), (3, 3)]  # one shared classifier, an exit per block
     assert tuple(model.ree.pos.shape) == (1, 3, 32)  # meta + one position per block
     assert [tuple(t.shape) for t in seen["ree_in"]] == [(3, 1, 32), (3, 2, 32)]  # history grows by one per block
@@ -52,11 +68,11 @@ def test_ree_shapes_and_the_growing_history_of_raw_class_tokens(tiny_bert):
     # the history holds z^1..z^l as the blocks output them (before modulation), unchanged once stored
     for l, history in enumerate(seen["ree_in"]):
         for j in range(l + 1):
-            assert torch.equal(history[:, j], seen["block_out"][j][:, 0])
+            torch.testing.assert_close(history[:, j], summary(seen["block_out"][j], x), rtol=0, atol=1e-6)
     # Eq. (3): the exits classify m_0^l + z^l with the shared head
     with torch.no_grad():
         for l, z in enumerate(logits):
-            expected = model.head(seen["ree_out"][l][:, 0] + seen["block_out"][l][:, 0])
+            expected = model.head(seen["ree_out"][l][:, 0] + summary(seen["block_out"][l], x))
             torch.testing.assert_close(z, expected)
 
 
@@ -67,15 +83,20 @@ def test_a_depth_cut_holds_the_leading_corner_of_the_global_tensors(tiny_bert):
     assert all(cut[k].shape == full[k].shape for k in cut if k != "ree.pos")  # Ree and the head: whole, everywhere
 
 
-def test_modulation_replaces_the_class_token_the_next_block_reads(tiny_bert):
+def test_modulation_replaces_the_summary_token_the_next_block_reads(tiny_bert):
     model = ree_model()
     seen = record(model)
+    x = tokens()
     with torch.no_grad():
-        model(tokens())
+        model(x)
     nxt, out = seen["block_in"][1], seen["block_out"][0]
-    assert torch.equal(nxt[:, 0], seen["ree_out"][0][:, -1])  # Eq. (4): m_l^l in place of z^l
-    assert torch.equal(nxt[:, 1:], out[:, 1:])  # every other token as block 1 output it
-    assert not torch.equal(nxt[:, 0], out[:, 0])
+    m = seen["ree_out"][0][:, -1]
+    torch.testing.assert_close(summary(nxt, x), m, rtol=0, atol=1e-5)  # Eq. (4): m_l^l in place of z^l
+    real = x != 0
+    shift = nxt - out  # one shift per document on its real tokens; padding as block 1 output it
+    torch.testing.assert_close(shift[real], (m - summary(out, x))[:, None].expand_as(out)[real], rtol=0, atol=1e-5)
+    assert torch.equal(nxt[~real], out[~real])
+    assert not torch.allclose(summary(nxt, x), summary(out, x))
     plain = ree_model(head="ree-unmodulated")
     seen = record(plain)
     with torch.no_grad():

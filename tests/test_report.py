@@ -189,6 +189,7 @@ def test_report_only_rewrites_the_table_from_saved_summaries(tmp_path):
     preset.write_text("""
 title = "mini"
 seeds = [0, 1]
+diagnosis = "Slow is slow because it is small."
 [base]
 dataset = "digits"
 target_accuracy = 0.5
@@ -215,6 +216,8 @@ lower_is_better = true
     table = (out / "table.md").read_text()
     # rounds re-read off the curves at the preset's target (0.5), not the saved one (0.99)
     assert "| Fast reaches the target first | held " in table and "rounds to 50%: Fast 2.50 ± 0.71" in table
+    assert "## Diagnosis of the claims that fail\n\nSlow is slow because it is small." in table
+    assert table.index("Slow is slow") > table.index("## Claims checked")
     assert not (tmp_path / "runs").exists()  # nothing trained
 
 

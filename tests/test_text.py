@@ -129,5 +129,5 @@ def test_a_backbone_refuses_inputs_of_the_other_kind():
         model_family("vit", (64,), 8)
     with pytest.raises(text.HetflError, match="reads token ids"):
         model_family("minilm", (1, 28, 28), 10)
-    with pytest.raises(text.HetflError, match="class token"):
+    with pytest.raises(text.HetflError, match="token summary"):
         model_family("cnn", (1, 8, 8), 10, head="ree").build()

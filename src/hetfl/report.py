@@ -405,6 +405,8 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
         rows = [check_claim(c, results, costs) for c in preset["claims"]]
         parts += ["## Claims checked", format_table(["claim", "verdict", "measured (mean ± std over seeds)"],
                                                     rows, markdown=True), CLAIM_RULE]
+    if preset.get("diagnosis"):
+        parts += ["## Diagnosis of the claims that fail", preset["diagnosis"].strip()]
     parts.append(f"Accuracy in % on the test set, mean ± std over seeds {seeds}; a cell marked (k/n) averages "
                  "the k of n seeds where the value is defined. \"accuracy\" is the method's own prediction (the "
                  "last exit, or the ensemble = mean of the exits' logits); \"best round\" is the round of the best "

@@ -15,7 +15,10 @@ A preset is a TOML file:
   label), ``lower_is_better`` (``report.check_claim``). Convergence is claimed on
   ``rounds_to_target`` (the runs' ``target_accuracy``), never on ``best_round``. A cost claim:
   ``cost_ratio = [A, B]`` (two evaluated models), ``cost`` (params, macs or latency_ms), ``better``
-  (the run) and ``at_least`` (the ratio A / B), checked on the costs table (``costs = true``).
+  (the run) and ``at_least`` (the ratio A / B), checked on the costs table (``costs = true``);
+* ``diagnosis`` (optional): Markdown under the claims, why the claims that fail fail, with the
+  controlled experiment that shows it (the numbers it quotes are the tables' own, so a rerun that
+  changes them must change the text).
 
 ``hetfl bench PRESET --report-only`` rewrites ``table.md`` from the ``summaries.json`` already in the
 results folder (the preset's current claims and targets, rounds re-read off the saved curves),
@@ -47,7 +50,7 @@ from ..report import as_list, bench_report, rounds_to_target
 from ..rundir import RunDirBusy
 from ..sim import Simulation
 
-PRESET_KEYS = {"title", "description", "seeds", "base", "runs", "report", "claims"}
+PRESET_KEYS = {"title", "description", "seeds", "base", "runs", "report", "claims", "diagnosis"}
 
 
 def preset_names() -> list[str]:

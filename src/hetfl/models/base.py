@@ -83,9 +83,17 @@ class MultiExitModel(nn.Module):
         """Number of blocks this model holds."""
         return len(self.blocks)
 
+    def token_mask(self, x: torch.Tensor) -> torch.Tensor | None:
+        """(B, T) True at a text encoder's real tokens (not padding); None for other inputs."""
+        return None if self.pad_id is None else x != self.pad_id
+
     def block_inputs(self, x: torch.Tensor) -> dict:
         """Keyword arguments every block takes besides the features: a text encoder's key-padding mask, else none."""
-        return {} if self.pad_id is None else {"mask": (x != self.pad_id)[:, None, None, :]}
+        return {} if self.pad_id is None else {"mask": self.token_mask(x)[:, None, None, :]}
+
+    def exit_inputs(self, x: torch.Tensor) -> dict:
+        """Keyword arguments every exit takes besides the features: a text encoder's token mask, else none."""
+        return {} if self.pad_id is None else {"mask": self.token_mask(x)}
 
     def hidden(self, x: torch.Tensor, between: BlockHook | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """(b, the features after block b and the ``between`` hook) for every block, shallowest first."""
@@ -102,9 +110,11 @@ class MultiExitModel(nn.Module):
 
         ``between(b, h)``, when given, is called after block ``b`` and returns the features the
         next block (and block ``b``'s exits) read: the place where a method acts between blocks
-        (ReeFL replaces the CLS token there).
+        (ReeFL writes Ree's output into the token summary there).
         """
-        return [self.exits[i](h) for b, h in self.hidden(x, between) for i in self.active if self.exit_after[i] == b]
+        inputs = self.exit_inputs(x)
+        return [self.exits[i](h, **inputs) for b, h in self.hidden(x, between)
+                for i in self.active if self.exit_after[i] == b]
 
 
 def federated_state(model: nn.Module) -> dict[str, torch.Tensor]:

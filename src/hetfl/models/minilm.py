@@ -7,8 +7,17 @@ hub access); ``$HETFL_MINILM_DIR`` points at another folder in the same format (
 encoder's layers, each run here as BERT runs it (post-norm: h = LN(h + Wo MHSA(h)), then
 h = LN(h + W2 GELU(W1 h))) with a key-padding mask from the pad token, so the ``between`` hook sits
 between every pair of layers and adapters have a place inside them; exits = LayerNorm + Linear on
-the first ([CLS]) token (ReeFL Sec. 4.1.2). ``tests/test_text.py`` checks the hidden states against
-``transformers``' own forward.
+the mean of the document's tokens (``MeanExit``). ``tests/test_text.py`` checks the hidden states
+against ``transformers``' own forward.
+
+Why the mean and not the [CLS] token that ReeFL's DeiT exits read (Sec. 4.1.2): all-MiniLM-L6-v2
+was trained with mean pooling, and its [CLS] token after layers 1-5 is nearly the same vector for
+every document. Measured on 1,500 R8 training documents (64 tokens, frozen encoder): the spread of
+the [CLS] token across documents is 0.2-3% of its norm after layers 1-5 (72% after layer 6), that
+of the token mean 63-67%. An exit reading the [CLS] token sat at the majority class (49.5%) after
+an epoch of SGD at lr 0.05 at layers 2 and 4 (AllLarge, frozen) while a linear probe on the
+token mean reads 93-94% at every layer. The mean is the summary this encoder holds; ReeFL's
+history and modulation act on the same summary (``MeanExit.replace``).
 
 Choices where the papers are silent: dropout is off (all randomness stays in seeded generators;
 ReeFL's DeiT runs without dropout too); a width-r model keeps the leading ceil(12 r) heads of 32
@@ -135,6 +144,26 @@ def _copy_corner(module: nn.Module, source: dict[str, torch.Tensor], names: dict
             tensor.copy_(full[tuple(slice(0, s) for s in tensor.shape)])
 
 
+class MeanExit(ClsExit):
+    """LayerNorm + Linear on the mean of the real tokens (padding excluded), the encoder's own pooling."""
+
+    @staticmethod
+    def pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, D): the mean over the tokens where ``mask`` (B, T) is True."""
+        weights = mask.unsqueeze(-1).to(h.dtype)
+        return (h * weights).sum(1) / weights.sum(1).clamp_min(1)
+
+    @staticmethod
+    def replace(h: torch.Tensor, summary: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Every real token shifted by the same vector, so that their mean becomes ``summary``; padding unchanged.
+
+        ReeFL's Eq. (4) on a mean-pooled encoder: the next block reads features whose summary is
+        Ree's output m_l^l in place of z^l, the differences between tokens kept as they were.
+        """
+        shift = summary - MeanExit.pool(h, mask)
+        return h + shift[:, None] * mask.unsqueeze(-1).to(h.dtype)
+
+
 def build_minilm(input_shape, num_classes, *, width, depth, norm, exit_after: tuple[int, ...] | None = None,
                  finetune: str = "full", adapter_rank: int = 32) -> MultiExitModel:
     """The pretrained encoder cut to ``depth`` layers at ``width``, exits after ``exit_after``, set up for ``finetune``."""
@@ -158,7 +187,7 @@ def build_minilm(input_shape, num_classes, *, width, depth, norm, exit_after: tu
     apply_finetune([stem, *blocks], blocks, finetune, adapter_rank)
     kept = tuple(e for e in exit_after if e < depth)
     # pad tokens are masked out of every layer's attention (MultiExitModel.block_inputs)
-    return MultiExitModel(stem, blocks, [ClsExit(d, num_classes) for _ in kept], kept, config.get("pad_token_id") or 0)
+    return MultiExitModel(stem, blocks, [MeanExit(d, num_classes) for _ in kept], kept, config.get("pad_token_id") or 0)
 
 
 def num_layers() -> int:

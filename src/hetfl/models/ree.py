@@ -1,6 +1,6 @@
-"""ReeFL's recurrent early exit (Lee et al., ICML 2024, Sec. 3.2, Eq. 2-4) on a CLS-token backbone.
+"""ReeFL's recurrent early exit (Lee et al., ICML 2024, Sec. 3.2, Eq. 2-4) on a transformer backbone.
 
-After every block l (every block, not only exits: Table 5), the block's class token z^l joins
+After every block l (every block, not only exits: Table 5), the block's summary token z^l joins
 the history, and Ree, one pre-norm transformer layer shared by all blocks, reads
 [z_meta, z^1, ..., z^l] + p[:l+1] (Eq. 2) and returns m^l = [m_0^l, ..., m_l^l]:
 
@@ -9,10 +9,15 @@ the history, and Ree, one pre-norm transformer layer shared by all blocks, reads
   the ablation of Table 4).
 
 What the history holds (the paper's q_cls; the authors' code keeps views that later writes alias,
-REFERENCE-NOTES): the class tokens as the blocks output them, z^1..z^l, before modulation; the
-modulated m_l^l only replaces the backbone's token (Fig. 1: m_l^l "is used to replace z^l as a
+REFERENCE-NOTES): the summary tokens as the blocks output them, z^1..z^l, before modulation; the
+modulated m_l^l only replaces the backbone's summary (Fig. 1: m_l^l "is used to replace z^l as a
 part of input to block l+1"). Nothing is written in place, so an entry never changes once stored
 (tests/test_reefl.py checks it).
+
+The summary token is the one the backbone's exits read (``ClsExit.pool``): the class token of
+the ViT (the paper's DeiT), the mean of the real tokens of MiniLM, whose [CLS] token is nearly
+constant across documents before its last layer (models.minilm); modulating a mean replaces it by
+shifting every real token alike (``MeanExit.replace``).
 
 Sizes (Appendix A): 8 heads over a 16-dim attention bottleneck, an MLP of 1.35x the width with
 GELU. The positional embedding has one row per block plus the meta token; a depth-d model holds
@@ -32,6 +37,7 @@ from torch import nn
 
 from ..errors import HetflError
 from .base import MultiExitModel
+from .vit import ClsExit
 
 HEAD_KINDS = ("exits", "ree", "ree-unmodulated")
 REE_HEADS, REE_ATTN_DIM, REE_MLP_RATIO = 8, 16, 1.35
@@ -81,32 +87,35 @@ class ReeModel(MultiExitModel):
 
     def __init__(self, backbone: MultiExitModel, num_classes: int, modulate: bool = True):
         exits = list(backbone.exits)
-        if not exits or not all(hasattr(e, "fc") and hasattr(e, "norm") for e in exits):
-            raise HetflError("ReeFL needs a transformer backbone with a class token (exits on token 0): "
+        if not exits or not all(isinstance(e, ClsExit) for e in exits):
+            raise HetflError("ReeFL needs a transformer backbone whose exits read a token summary: "
                              "use --model minilm or --model vit")
         dim = exits[0].fc.in_features
+        read_out = type(exits[0])  # the summary token z^l: the class token (ViT), the token mean (MiniLM)
         # exits stay as parameter-free placeholders: they mark where the shared classifier reads
         super().__init__(backbone.stem, list(backbone.blocks), [nn.Identity() for _ in exits], backbone.exit_after,
                          backbone.pad_id)
         self.modulate = modulate
+        self.read_out = read_out
         self.ree = Ree(dim, len(backbone.blocks))
         self.head = SharedClassifier(dim, num_classes)
 
     def forward(self, x: torch.Tensor, between=None) -> list[torch.Tensor]:
         """Logits of every exit this model holds, shallowest first (Eq. 2-4 after every block)."""
         exit_blocks = {self.exit_after[i] for i in self.active}
+        mask = self.token_mask(x)
         history: list[torch.Tensor] = []
         logits: list[torch.Tensor] = []
 
         def ree_step(b: int, h: torch.Tensor) -> torch.Tensor:
             if between is not None:
                 h = between(b, h)
-            z = h[:, 0]
+            z = self.read_out.pool(h, mask)
             history.append(z)
             m = self.ree(torch.stack(history, dim=1))  # Eq. (2)
             if b in exit_blocks:
                 logits.append(self.head(m[:, 0] + z))  # Eq. (3)
-            return torch.cat([m[:, -1:], h[:, 1:]], dim=1) if self.modulate else h  # Eq. (4)
+            return self.read_out.replace(h, m[:, -1], mask) if self.modulate else h  # Eq. (4)
 
         for _ in self.hidden(x, ree_step):
             pass

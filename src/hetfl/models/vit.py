@@ -62,15 +62,29 @@ class Block(nn.Module):
 
 
 class ClsExit(nn.Module):
-    """LayerNorm + Linear on the CLS token."""
+    """LayerNorm + Linear on the CLS token.
+
+    ``pool`` is the token summary an exit reads and ``replace`` writes a new summary into the
+    features the next block reads: ReeFL's Ree reads and modulates the same summary (models.ree).
+    """
 
     def __init__(self, dim: int, num_classes: int):
         super().__init__()
         self.norm = nn.LayerNorm(dim)
         self.fc = nn.Linear(dim, num_classes)
 
-    def forward(self, h):
-        return self.fc(self.norm(h[:, 0]))
+    def forward(self, h, mask=None):
+        return self.fc(self.norm(self.pool(h, mask)))
+
+    @staticmethod
+    def pool(h: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, D) -> (B, D): the CLS token."""
+        return h[:, 0]
+
+    @staticmethod
+    def replace(h: torch.Tensor, summary: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The features with ``summary`` (B, D) in place of the CLS token, every other token as it was."""
+        return torch.cat([summary[:, None], h[:, 1:]], dim=1)
 
 
 def build_vit(input_shape, num_classes, *, width, depth, norm, exit_after: tuple[int, ...] | None = None,
