@@ -132,3 +132,24 @@ def test_train_exits_last_holds_and_trains_only_the_last_exit():
     assert set(update.state) == set(w0)
     assert not torch.equal(update.state["exits.1.weight"], w0["exits.1.weight"])
     assert method.models.module(spec)(data().x)[0].shape == (6, 2)  # one logit tensor: the last exit
+
+
+def test_gradient_clipping_by_norm_and_by_value_by_hand():
+    """One SGD step at lr 1 on loss = 10 * sum(w * x): the gradient is 10 * x, clipped as configured."""
+    from hetfl.train import TrainOptions, local_sgd
+
+    x = torch.tensor([[3.0, -0.5, 0.0, 4.0]])
+    data = ClientData(x, torch.zeros(1, dtype=torch.long), torch.tensor([0]))
+    loss = lambda model, xb, yb: 10 * (model.weight * xb).sum()  # noqa: E731
+
+    def step(**clip):
+        model = nn.Linear(4, 1, bias=False)
+        nn.init.zeros_(model.weight)
+        local_sgd(model, data, loss, TrainOptions(batch_size=1, momentum=0.0, weight_decay=0.0, **clip), 1.0,
+                  torch.Generator().manual_seed(0))
+        return -model.weight.detach()[0]  # the applied gradient
+
+    g = torch.tensor([30.0, -5.0, 0.0, 40.0])
+    assert torch.equal(step(), g)
+    torch.testing.assert_close(step(clip_grad=5.0), g * 5 / g.norm())  # the L2 norm, 50.2, down to 5
+    assert torch.equal(step(clip_value=1.0), torch.tensor([1.0, -1.0, 0.0, 1.0]))  # ReeFL App. A: each value in [-1, 1]

@@ -95,6 +95,8 @@ class Config:
     momentum: float = opt(0.9, "client SGD momentum")
     weight_decay: float = opt(5e-4, "client weight decay")
     clip_grad: float = opt(0.0, "max gradient L2 norm (0 = no clipping)")
+    clip_value: float = opt(0.0, "clip every gradient element to [-v, v] (0 = no clipping; ReeFL's Appendix A "
+                                 "clips at 1)", added_later=True)
     train_exits: str = opt("all", "exits that get a loss: every exit of the sub-model, or the last", TRAIN_EXITS)
     inference: str = opt("last", "headline prediction: the last exit, or the ensemble (mean of the exits' logits)",
                          INFERENCES)
@@ -208,7 +210,7 @@ class Config:
                 raise HetflError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.max_length < 2:
             raise HetflError(f"max_length must be >= 2 tokens ([CLS] and [SEP]), got {self.max_length}")
-        for name in ("exit_every", "static_bn_samples", "server_lr", "weight_decay", "clip_grad", "prox_mu", "lr_min", "crop_padding",
+        for name in ("exit_every", "static_bn_samples", "server_lr", "weight_decay", "clip_grad", "clip_value", "prox_mu", "lr_min", "crop_padding",
                      "min_client_size"):
             if getattr(self, name) < 0:
                 raise HetflError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -28,6 +28,7 @@ class TrainOptions:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     clip_grad: float = 0.0  # max global L2 norm of the gradient; 0 = no clipping
+    clip_value: float = 0.0  # max |element| of the gradient (after the L2 clip, if both); 0 = no clipping
     crop_padding: int = 0
     flip: bool = False
     prox_mu: float = 0.0
@@ -107,6 +108,8 @@ def local_sgd(
                     torch._foreach_sub_([p.grad for p in params], linear_term)
             if opts.clip_grad > 0:
                 nn.utils.clip_grad_norm_(params, opts.clip_grad)
+            if opts.clip_value > 0:
+                nn.utils.clip_grad_value_(params, opts.clip_value)
             optimizer.step()
             total += loss.detach()
             steps += 1

@@ -78,8 +78,8 @@ class Method:
             tau=cfg.adam_tau, feddyn_alpha=cfg.feddyn_alpha, num_clients=self.federation_size())
         self.train_options = TrainOptions(
             epochs=cfg.local_epochs, batch_size=cfg.batch_size, momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad, crop_padding=cfg.crop_padding,
-            flip=cfg.flip, prox_mu=cfg.prox_mu,
+            weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad, clip_value=cfg.clip_value,
+            crop_padding=cfg.crop_padding, flip=cfg.flip, prox_mu=cfg.prox_mu,
             feddyn_alpha=cfg.feddyn_alpha if cfg.server_opt == "feddyn" else 0.0)
 
     @classmethod
