@@ -167,3 +167,19 @@ def test_reefl_runs_federated_on_text_and_sends_only_ree_head_and_adapters(tiny_
     assert final["exit2"] > 0.6 and final["ensemble"] > 0.6  # chance is 1/3
     sent = sim.method.models.shapes(sim.method.plan(0, sim.scenario.budget(0, 1), 1))
     assert all(k.startswith(("ree.", "head.")) or "lora_" in k for k in sent)
+
+
+def test_modulation_into_the_class_token_alone(tiny_bert):
+    """The other reading of Eq. (4) on a mean-pooled encoder: Ree's output in the [CLS] position, the rest as output."""
+    model = ree_model(head="ree-cls")
+    seen = record(model)
+    with torch.no_grad():
+        model(tokens())
+    nxt, out = seen["block_in"][1], seen["block_out"][0]
+    assert torch.equal(nxt[:, 0], seen["ree_out"][0][:, -1])
+    assert torch.equal(nxt[:, 1:], out[:, 1:])
+    from hetfl.methods.reefl import ReeFL
+
+    cfg = config_from({"method": "reefl", "dataset": "r8", "modulate_into": "cls"}, "test")
+    assert ReeFL.make_family(cfg, (L,), 3).head == "ree-cls"
+    assert "modulate_into" not in config_from({"method": "reefl", "dataset": "r8"}, "test").to_dict()  # added later

@@ -41,6 +41,9 @@ class Options(MutualKD):
     ree_ema: float = opt(0.2, "ReeFL: weight zeta of a new batch in each exit's running training CE, which picks "
                               "the teacher, in (0, 1] (Sec. 3.2)")
     modulation: bool = opt(True, "ReeFL: the next block reads Ree's output in place of its class token (Eq. 4)")
+    modulate_into: str = opt("summary", "ReeFL: what Ree's output replaces (Eq. 4): the summary token the exits read "
+                                        "(on MiniLM the token mean: every real token shifted alike) or the [CLS] "
+                                        "position alone", ("summary", "cls"), added_later=True)
 
     def check(self, cfg) -> None:
         super().check(cfg)
@@ -63,7 +66,9 @@ class ReeFL(Method):
     def make_family(cls, cfg, input_shape, num_classes) -> ModelFamily:
         """The configured transformer with Ree and the shared classifier on its exit blocks."""
         family = super().make_family(cfg, input_shape, num_classes)
-        return replace(family, head="ree" if cls.options_of(cfg).modulation else "ree-unmodulated")
+        options = cls.options_of(cfg)
+        head = ("ree-cls" if options.modulate_into == "cls" else "ree") if options.modulation else "ree-unmodulated"
+        return replace(family, head=head)
 
     def plan(self, client, budget, round_index) -> SubModel:
         """The blocks up to the deepest exit the client's budget affords, with Ree and the shared classifier."""

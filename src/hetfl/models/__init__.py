@@ -50,7 +50,8 @@ class ModelFamily:
             model = self.builder(self.input_shape, self.num_classes, width=self.base_width * width,
                                  depth=depth, norm=self.norm, **tuning)
             if self.head != "exits":
-                model = ReeModel(model, self.num_classes, modulate=self.head == "ree")
+                model = ReeModel(model, self.num_classes, modulate=self.head != "ree-unmodulated",
+                                 into_cls=self.head == "ree-cls")
         return model.to(memory_format=torch.channels_last)
 
     def inputs(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:

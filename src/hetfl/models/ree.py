@@ -17,7 +17,8 @@ part of input to block l+1"). Nothing is written in place, so an entry never cha
 The summary token is the one the backbone's exits read (``ClsExit.pool``): the class token of
 the ViT (the paper's DeiT), the mean of the real tokens of MiniLM, whose [CLS] token is nearly
 constant across documents before its last layer (models.minilm); modulating a mean replaces it by
-shifting every real token alike (``MeanExit.replace``).
+shifting every real token alike (``MeanExit.replace``), or, with head "ree-cls", Ree's output goes
+into the [CLS] position alone, the other reading of Eq. (4) on such a backbone.
 
 Sizes (Appendix A): 8 heads over a 16-dim attention bottleneck, an MLP of 1.35x the width with
 GELU. The positional embedding has one row per block plus the meta token; a depth-d model holds
@@ -39,7 +40,7 @@ from ..errors import HetflError
 from .base import MultiExitModel
 from .vit import ClsExit
 
-HEAD_KINDS = ("exits", "ree", "ree-unmodulated")
+HEAD_KINDS = ("exits", "ree", "ree-cls", "ree-unmodulated")
 REE_HEADS, REE_ATTN_DIM, REE_MLP_RATIO = 8, 16, 1.35
 
 
@@ -85,7 +86,7 @@ class SharedClassifier(nn.Module):
 class ReeModel(MultiExitModel):
     """A backbone's stem and blocks with Ree after every block and the shared classifier at its exits."""
 
-    def __init__(self, backbone: MultiExitModel, num_classes: int, modulate: bool = True):
+    def __init__(self, backbone: MultiExitModel, num_classes: int, modulate: bool = True, into_cls: bool = False):
         exits = list(backbone.exits)
         if not exits or not all(isinstance(e, ClsExit) for e in exits):
             raise HetflError("ReeFL needs a transformer backbone whose exits read a token summary: "
@@ -97,6 +98,8 @@ class ReeModel(MultiExitModel):
                          backbone.pad_id)
         self.modulate = modulate
         self.read_out = read_out
+        # where Eq. (4) writes m_l^l: in place of the summary (default), or into the class token alone ("ree-cls")
+        self.write_in = ClsExit if into_cls else read_out
         self.ree = Ree(dim, len(backbone.blocks))
         self.head = SharedClassifier(dim, num_classes)
 
@@ -115,7 +118,7 @@ class ReeModel(MultiExitModel):
             m = self.ree(torch.stack(history, dim=1))  # Eq. (2)
             if b in exit_blocks:
                 logits.append(self.head(m[:, 0] + z))  # Eq. (3)
-            return self.read_out.replace(h, m[:, -1], mask) if self.modulate else h  # Eq. (4)
+            return self.write_in.replace(h, m[:, -1], mask) if self.modulate else h  # Eq. (4)
 
         for _ in self.hidden(x, ree_step):
             pass
