@@ -154,13 +154,15 @@ class MeanExit(ClsExit):
         return (h * weights).sum(1) / weights.sum(1).clamp_min(1)
 
     @staticmethod
-    def replace(h: torch.Tensor, summary: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def replace(h: torch.Tensor, summary: torch.Tensor, mask: torch.Tensor,
+                current: torch.Tensor | None = None) -> torch.Tensor:
         """Every real token shifted by the same vector, so that their mean becomes ``summary``; padding unchanged.
 
         ReeFL's Eq. (4) on a mean-pooled encoder: the next block reads features whose summary is
         Ree's output m_l^l in place of z^l, the differences between tokens kept as they were.
+        ``current``: ``pool(h, mask)`` when the caller already has it.
         """
-        shift = summary - MeanExit.pool(h, mask)
+        shift = summary - (MeanExit.pool(h, mask) if current is None else current)
         return h + shift[:, None] * mask.unsqueeze(-1).to(h.dtype)
 
 

@@ -92,14 +92,13 @@ class ReeModel(MultiExitModel):
             raise HetflError("ReeFL needs a transformer backbone whose exits read a token summary: "
                              "use --model minilm or --model vit")
         dim = exits[0].fc.in_features
-        read_out = type(exits[0])  # the summary token z^l: the class token (ViT), the token mean (MiniLM)
         # exits stay as parameter-free placeholders: they mark where the shared classifier reads
         super().__init__(backbone.stem, list(backbone.blocks), [nn.Identity() for _ in exits], backbone.exit_after,
                          backbone.pad_id)
         self.modulate = modulate
-        self.read_out = read_out
+        self.read_out = type(exits[0])  # the summary token z^l: the class token (ViT), the token mean (MiniLM)
         # where Eq. (4) writes m_l^l: in place of the summary (default), or into the class token alone ("ree-cls")
-        self.write_in = ClsExit if into_cls else read_out
+        self.write_in = ClsExit if into_cls else self.read_out
         self.ree = Ree(dim, len(backbone.blocks))
         self.head = SharedClassifier(dim, num_classes)
 
@@ -118,7 +117,7 @@ class ReeModel(MultiExitModel):
             m = self.ree(torch.stack(history, dim=1))  # Eq. (2)
             if b in exit_blocks:
                 logits.append(self.head(m[:, 0] + z))  # Eq. (3)
-            return self.write_in.replace(h, m[:, -1], mask) if self.modulate else h  # Eq. (4)
+            return self.write_in.replace(h, m[:, -1], mask, current=z) if self.modulate else h  # Eq. (4)
 
         for _ in self.hidden(x, ree_step):
             pass

@@ -82,7 +82,8 @@ class ClsExit(nn.Module):
         return h[:, 0]
 
     @staticmethod
-    def replace(h: torch.Tensor, summary: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def replace(h: torch.Tensor, summary: torch.Tensor, mask: torch.Tensor | None = None,
+                current: torch.Tensor | None = None) -> torch.Tensor:
         """The features with ``summary`` (B, D) in place of the CLS token, every other token as it was."""
         return torch.cat([summary[:, None], h[:, 1:]], dim=1)
 
