@@ -192,6 +192,26 @@ def test_m_fedepth_gives_two_models_where_two_whole_models_fit():
             assert any(method.group_cost(f, l, 2) > plan.budget_bytes for f, l in plan.groups)
 
 
+@pytest.mark.parametrize("plan", ["models", "depth"])
+def test_m_fedepth_under_fair_budgets_trades_group_size_for_models_by_default(plan):
+    """The paper's Table 2 has m-FeDepth differ from FeDepth under Fair budgets: its rich clients train two
+    models in finer groups (``models``); ``depth`` keeps FeDepth's groups, so Fair m-FeDepth is FeDepth."""
+    fair = {"model": "preresnet20", "model_width": 0.5, "budget_ratios": [1 / 6, 1 / 3, 1 / 2, 1.0]}
+    single = build_method(config_from({"method": "fedepth", **fair}), (1, 28, 28), 10)
+    mutual = build_method(config_from({"method": "m-fedepth", "mutual_plan": plan, **fair}), (1, 28, 28), 10)
+    for budget in mutual.level_budgets:
+        one, both = single.schedule(budget), mutual.schedule(budget)
+        covered = lambda groups: {b for f, l in groups for b in range(f, l + 1)}  # noqa: E731
+        assert covered(both.groups) == covered(one.groups)  # no block is given up for a second model
+        assert all(mutual.group_cost(f, l, both.models) <= budget.memory_bytes for f, l in both.groups)
+        if both.models == 1:
+            assert both.groups == one.groups
+        else:
+            assert len(both.groups) > len(one.groups)  # finer groups: two models of a longer one do not fit
+    models = [mutual.schedule(b).models for b in mutual.level_budgets]
+    assert models == ([1, 1, 2, 2] if plan == "models" else [1, 1, 1, 1])
+
+
 def test_task_carries_the_plan_through_json(tiny_cfg):
     from hetfl.sim import Simulation
 

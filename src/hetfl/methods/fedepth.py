@@ -26,11 +26,16 @@ measured memory budget. Algorithm 1 as hetfl runs it:
 * inference - the global model's head (the last exit).
 
 m-FeDepth (Sec. "Exploit sufficient memory with mutual knowledge distillation"): a client whose
-budget affords M >= 2 models trains them together with deep mutual learning and uploads one.
-"Affords" is read as: M copies of every one of FeDepth's own groups fit the budget (the largest
-such M up to ``mutual_models``); a budget that trains one full model at once and affords two
-(Surplus r = 2) trains two full models, and a client never trades depth for extra models. Where the
-other models live between rounds: ``client._blockwise_update`` (the client's own state on disk).
+budget affords M >= 2 models trains them together with deep mutual learning and uploads one. The
+paper does not say when a budget "affords" M models; its Table 2 does: m-FeDepth differs from
+FeDepth under Fair and Lack budgets (by up to 5 points on CIFAR-100), where no client fits two
+models in FeDepth's own groups, so its rich clients must train M models in finer groups. hetfl's
+default (``mutual_plan = models``) reads it so: the largest M (up to ``mutual_models``) whose
+greedy decomposition of M models' step costs trains every block that one model's does, with those
+finer groups (Fair r = 1/2 and 1 train two models, block pairs instead of longer groups).
+``mutual_plan = depth`` keeps FeDepth's groups and adds models only where M copies of each fit
+(Surplus r = 2 alone), so that Fair m-FeDepth is FeDepth. Where the other models live between
+rounds: ``client._blockwise_update`` (the client's own state on disk).
 
 The paper is silent on BatchNorm; as for every hetfl method, BN uses batch statistics in training
 and static statistics of the training data for evaluation.
@@ -144,20 +149,24 @@ class FeDepth(Method):
         """The plan of a client with ``budget``: its groups (Fig. 3), its number of models, the planned bytes."""
         if budget not in self._schedules:
             limit = budget.memory_bytes
-            groups = decompose(self.family.arch.num_blocks, self.group_cost, limit)
+            groups = self.groups_within(limit)
             if not groups:
                 smallest = min(self.group_cost(b, b) for b in range(self.family.arch.num_blocks))
                 raise HetflError(f"a budget of {describe_budget(budget)} trains no block of {self.family.name}: the "
                                  f"smallest needs {smallest / 2**20:.2f} MiB")
-            models = self.models_for(groups, limit)
+            groups, models = self.models_for(groups, limit)
             self._schedules[budget] = Blockwise(
                 groups=groups, head=self.options.fedepth_head, models=models, budget_bytes=limit,
                 group_bytes=tuple(self.group_cost(f, l, models) for f, l in groups), buffer=self.options.buffer_prefix)
         return self._schedules[budget]
 
-    def models_for(self, groups: tuple[Group, ...], limit: int) -> int:
-        """How many models a client trains together: 1 (FeDepth)."""
-        return 1
+    def groups_within(self, limit: int, models: int = 1) -> tuple[Group, ...]:
+        """Fig. 3's greedy groups of ``models`` models' step costs within ``limit`` bytes."""
+        return decompose(self.family.arch.num_blocks, lambda f, l: self.group_cost(f, l, models), limit)
+
+    def models_for(self, groups: tuple[Group, ...], limit: int) -> tuple[tuple[Group, ...], int]:
+        """The groups a client trains and how many models it trains in them: one model's groups, 1 (FeDepth)."""
+        return groups, 1
 
     def budget_report(self) -> dict:
         """The per-block memory (each block trained alone) and every level's decomposition, as Table 1 and the
@@ -169,7 +178,7 @@ class FeDepth(Method):
         levels = []
         for level, budget in enumerate(self.level_budgets or [], start=1):
             plan = self.schedule(budget)
-            trained = {b for f, l in plan.groups for b in range(f, l + 1)}
+            trained = _blocks(plan.groups)
             levels.append([f"level {level}", mib(budget.memory_bytes), " -> ".join(map(_group_label, plan.groups)),
                            ",".join(f"B{b + 1}" for b in range(n) if b not in trained) or "-", str(plan.models),
                            f"{max(plan.group_bytes) / budget.memory_bytes:.3f}"])
@@ -178,6 +187,11 @@ class FeDepth(Method):
                 "decomposition per budget (Fig. 3, Sec. 5.1)":
                 {"header": ["budget", "MiB", "decomposition", "never trained", "models", "largest step / budget"],
                  "rows": levels}}
+
+
+def _blocks(groups: tuple[Group, ...]) -> set[int]:
+    """The blocks that ``groups`` train."""
+    return {b for f, l in groups for b in range(f, l + 1)}
 
 
 def _group_label(group: Group) -> str:
@@ -192,6 +206,9 @@ class MutualOptions(Options):
 
     mutual_models: int = opt(2, "m-FeDepth: the most models a client trains together by deep mutual learning, "
                              "where its budget affords them (>= 2)")
+    mutual_plan: str = opt("models", "m-FeDepth: where a budget affords M models: in finer groups that still train "
+                           "every block one model's groups train (models), or only where M copies of FeDepth's own "
+                           "groups fit (depth)", ("models", "depth"), added_later=True)
 
     def check(self, cfg) -> None:
         super().check(cfg)
@@ -205,11 +222,18 @@ class MFeDepth(FeDepth):
     summary = "FeDepth where clients with spare memory train M models by deep mutual learning, uploading one"
     Options = MutualOptions
 
-    def models_for(self, groups: tuple[Group, ...], limit: int) -> int:
-        """The most models (up to ``mutual_models``) whose copies of every one of FeDepth's groups fit ``limit``."""
-        fits = [m for m in range(2, self.options.mutual_models + 1)
-                if all(self.group_cost(f, l, m) <= limit for f, l in groups)]
-        return max(fits, default=1)
+    def models_for(self, groups: tuple[Group, ...], limit: int) -> tuple[tuple[Group, ...], int]:
+        """The most models (up to ``mutual_models``) the budget affords, and their groups (``mutual_plan``):
+        ``models`` - the greedy groups of M models' costs, if they train every block of one model's ``groups``;
+        ``depth`` - ``groups`` themselves, if M copies of every one fit ``limit``."""
+        trained = _blocks(groups)
+        for m in range(self.options.mutual_models, 1, -1):
+            if self.options.mutual_plan == "depth":
+                if all(self.group_cost(f, l, m) <= limit for f, l in groups):
+                    return groups, m
+            elif _blocks(finer := self.groups_within(limit, m)) == trained:
+                return finer, m
+        return groups, 1
 
     @property
     def stateful_clients(self) -> bool:
