@@ -157,10 +157,13 @@ def test_buffered_prefix_is_counted_in_the_steps_memory():
     assert refused == plain  # a buffer beyond the budget is not kept
 
 
-def test_fedepth_run_keeps_every_step_within_every_clients_budget(tiny_cfg):
+@pytest.mark.parametrize("method", ["fedepth", "m-fedepth"])
+def test_fedepth_run_keeps_every_step_within_every_clients_budget(tiny_cfg, method):
     from hetfl.sim import Simulation
 
-    sim = Simulation(tiny_cfg(method="fedepth", model="preresnet20", rounds=2, batch_size=8))
+    sim = Simulation(tiny_cfg(method=method, model="preresnet20", rounds=2, batch_size=8))
+    models = [sim.method.schedule(b).models for b in sim.method.level_budgets]
+    assert max(models) == (2 if method == "m-fedepth" else 1)  # Fair budgets: the rich clients train two
     summary = sim.run(progress=False)
     records = [c for r in sim.history for c in r["memory"].values()]
     assert len(records) == sum(r["clients"] for r in sim.history) > 0
