@@ -228,6 +228,17 @@ def _has_child_clientapp(supernode: int) -> bool:
     return False
 
 
+def test_a_ctrl_c_while_a_process_starts_lands_once_it_is_recorded_for_stopping():
+    """A KeyboardInterrupt inside ``Popen`` would orphan the child it had just forked (seen under load)."""
+    from hetfl.flower.federation import _signals_deferred
+
+    recorded = []
+    with pytest.raises(KeyboardInterrupt), _signals_deferred():
+        signal.raise_signal(signal.SIGINT)
+        recorded.append("started")
+    assert recorded == ["started"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_the_server_killed_after_a_round_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, one_thread):
     cfg = small_cfg(tmp_path, "killed", method="depthfl", rounds=2)
     run_dir = tmp_path / "killed"

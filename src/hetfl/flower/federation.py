@@ -15,7 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import HetflError
@@ -23,6 +25,7 @@ from .credentials import make_node_key, make_tls
 
 CONNECTION = "hetfl"  # the name of this SuperLink in the Flower CLI's config
 GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL when stopping
+GONE_SECONDS = 2.0  # for the members of the killed groups to be torn down
 RESTART_SECONDS = 5.0  # a node that dies is started again, but not sooner than this after its last start
 START_SECONDS = 60.0  # for the SuperLink to listen
 FLOWER_ENV = {
@@ -161,10 +164,7 @@ class Federation:
         """A started ``flwr run APP --stream`` of the Flower App in ``app_dir``: its output is the run's log."""
         command = [flower_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream",
                    "--run-config", config_string(run_config)]
-        process = subprocess.Popen(command, env=self.env, cwd=self.root, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.procs.append(process)
-        return process
+        return self._started(command, stdout=subprocess.PIPE, text=True)
 
     def log(self, name: str) -> Path:
         """The log file of the process called ``name``."""
@@ -172,9 +172,15 @@ class Federation:
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
         with open(self.log(name), "a") as log:
-            process = subprocess.Popen(command, env=self.env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
-        self.procs.append(process)
+            return self._started(command, stdout=log)
+
+    def _started(self, command: list[str], **popen) -> subprocess.Popen:
+        """A started process in a group of its own, recorded for ``stop`` before an interrupt can land: a Ctrl-C
+        inside ``Popen`` (after the fork, before it returns) would leave a child that nothing stops."""
+        with _signals_deferred():
+            process = subprocess.Popen(command, env=self.env, cwd=self.root, stderr=subprocess.STDOUT,
+                                       start_new_session=True, **popen)
+            self.procs.append(process)
         return process
 
     def stop(self) -> None:
@@ -191,6 +197,7 @@ class Federation:
             process.wait()
             if process.stdout:
                 process.stdout.close()
+        _wait_gone([process.pid for process in self.procs], time.monotonic() + GONE_SECONDS)
         self.procs.clear()
 
 
@@ -200,6 +207,37 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
         os.killpg(process.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _wait_gone(groups: list[int], deadline: float) -> None:
+    """Returns None once no process is left in ``groups`` (SIGKILL is delivered asynchronously: a killed
+    leader's children may linger a moment under load), or at ``deadline``."""
+    for group in groups:
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.02)
+
+
+@contextmanager
+def _signals_deferred():
+    """Ctrl-C and SIGTERM held back until the block ends, then delivered to the handlers they were meant for
+    (Python sets signal handlers in the main thread only: elsewhere the block runs as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 def _listening(port: int) -> bool:
