@@ -193,3 +193,24 @@ def test_a_new_target_reuses_the_runs_and_reads_the_rounds_off_their_curves(tmp_
     assert {p: p.stat().st_mtime_ns for p in runs.glob("*/summary.json")} == stamps  # nothing trained again
     summaries = json.loads((tmp_path / "out" / "summaries.json").read_text())
     assert summaries["first"][0]["target_accuracy"] == 0.99 and summaries["first"][0]["rounds_to_target"] is None
+
+
+def test_reuse_saved_takes_runs_from_the_committed_summaries_when_the_runs_folder_is_gone(tmp_path, capsys):
+    """A new machine has no runs folder: --reuse-saved takes a run whose folder name (method, hash of its
+    values, seed) the table's summaries.json holds, and trains only what it lacks (here a new seed)."""
+    preset = tmp_path / "mini.toml"
+    preset.write_text(MINI)
+    out = tmp_path / "out"
+    args = ["bench", str(preset), "--out", str(out), "--quiet", "--seeds", "0"]
+    assert main([*args, "--runs-dir", str(tmp_path / "old-machine")]) == 0
+    before = json.loads((out / "summaries.json").read_text())
+    runs = tmp_path / "new-machine"
+    assert main([*args, "--runs-dir", str(runs), "--reuse-saved"]) == 0
+    assert not runs.exists()  # nothing trained
+    assert json.loads((out / "summaries.json").read_text()) == before
+    assert "from summaries.json" in capsys.readouterr().out
+    assert main(["bench", str(preset), "--out", str(out), "--quiet", "--seeds", "0,1", "--runs-dir", str(runs),
+                 "--reuse-saved"]) == 0
+    assert sorted(p.name.rsplit("-", 1)[1] for p in runs.glob("*-*-s*")) == ["s1", "s1"]  # seed 1 only
+    after = json.loads((out / "summaries.json").read_text())
+    assert [s["seed"] for s in after["first"]] == [0, 1] and after["first"][0] == before["first"][0]

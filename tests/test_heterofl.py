@@ -92,6 +92,22 @@ def test_static_bn_pools_exact_statistics_over_several_chunks():
         assert torch.allclose(bn.running_var, var, rtol=1e-5)
 
 
+def test_static_bn_on_channels_last_input_keeps_its_layout_and_near_exact_statistics():
+    """A 1-channel image makes the CNN run channels-last on a CPU; the pass keeps that layout (converting
+    would cost more than the statistics) and BatchNorm's own statistics stay within 1e-3 of exact."""
+    bn = nn.BatchNorm2d(4, track_running_stats=False)
+    x = (torch.randn(600, 4, 8, 8) * 0.3 + 2).contiguous(memory_format=torch.channels_last)
+    seen = []
+    model = nn.Sequential(bn, nn.Flatten())
+    bn.register_forward_hook(lambda m, i, o: seen.append(o.is_contiguous(memory_format=torch.channels_last)))
+    with static_batchnorm(model, x, chunk=200):
+        mean, var = bn.running_mean.double(), bn.running_var.double()
+    flat = x.transpose(0, 1).reshape(4, -1).double()
+    assert torch.allclose(mean, flat.mean(1), rtol=1e-4, atol=1e-5)
+    assert torch.allclose(var, flat.var(1, unbiased=True), rtol=1e-3)
+    assert seen == [True, True, True]
+
+
 def make(method_cls, **cfg):
     fam = model_family("cnn", (1, 8, 8), 10, width=1 / 16)
     c = config_from({"method": method_cls.name, **cfg})

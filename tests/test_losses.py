@@ -26,6 +26,16 @@ def test_eq5_single_exit_is_plain_ce_and_beta_zero_is_weighted_ce():
     assert torch.allclose(weighted_exits_with_last_teacher(z, y, 0.0, 3.0), weighted)
 
 
+def test_eq5_last_normaliser_gives_the_last_exit_weight_one():
+    """The control normaliser divides by n: the weights become i / n, the last exit's CE at weight 1."""
+    z = [torch.randn(4, 5) for _ in range(3)]
+    y = torch.randint(0, 5, (4,))
+    weighted = sum((i + 1) / 3 * F.cross_entropy(zi, y) for i, zi in enumerate(z))
+    assert torch.allclose(weighted_exits_with_last_teacher(z, y, 0.0, 3.0, normaliser="last"), weighted)
+    assert torch.allclose(weighted_exits_with_last_teacher(z, y, 0.1, 3.0, normaliser="last"),
+                          2 * weighted_exits_with_last_teacher(z, y, 0.1, 3.0))  # sum_i i / n = 2 for n = 3
+
+
 def test_eq5_teacher_is_detached():
     """The last exit's gradient comes from its own CE only (weight n / sum i), never from the KL terms."""
     z = [torch.randn(2, 4, requires_grad=True) for _ in range(3)]

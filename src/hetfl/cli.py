@@ -208,7 +208,7 @@ def cmd_bench(args) -> int:
     overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     out = run_bench(args.preset, out=args.out, runs_dir=args.runs_dir, overrides=overrides, seeds=seeds,
-                    progress=not args.quiet, report_only=args.report_only)
+                    progress=not args.quiet, report_only=args.report_only, reuse_saved=args.reuse_saved)
     print(f"results written to {out}")
     return 0
 
@@ -362,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
     bench.add_argument("--report-only", action="store_true", help="train nothing: rewrite table.md from the "
                        "summaries.json in --out (the preset's current claims and targets)")
+    bench.add_argument("--reuse-saved", action="store_true", help="take a run from the summaries.json in --out "
+                       "when it holds the same run (folder name: method, hash of the run's values, seed) instead of "
+                       "training it again; only for a table made by the current code")
     bench.set_defaults(fn=cmd_bench)
 
     costs = sub.add_parser("costs", help="params, MACs, bytes, training memory and latency of sub-models",

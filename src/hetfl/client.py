@@ -126,7 +126,8 @@ def describe_family(family: ModelFamily) -> FamilySpec:
 def make_loss(recipe: LossRecipe, models: ModelCache) -> LossFn:
     """The local loss ``loss(model, x, y)`` a recipe names (task.LOSS_KINDS)."""
     if recipe.kind == "last_teacher":  # ScaleFL Eq. (5)
-        return lambda model, x, y: weighted_exits_with_last_teacher(model(x), y, recipe.beta, recipe.tau)
+        return lambda model, x, y: weighted_exits_with_last_teacher(model(x), y, recipe.beta, recipe.tau,
+                                                                    recipe.normaliser)
     if recipe.kind == "slimmable":  # SHeteroFL: every smaller width on the leading slices of the same parameters
         def slimmable(model, x, y):
             total = exits_ce(model(x), y)

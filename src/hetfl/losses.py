@@ -33,14 +33,16 @@ def mutual_kd(logits: list[torch.Tensor]) -> torch.Tensor:
 
 
 def weighted_exits_with_last_teacher(logits: list[torch.Tensor], target: torch.Tensor, beta: float,
-                                     tau: float) -> torch.Tensor:
+                                     tau: float, normaliser: str = "sum") -> torch.Tensor:
     """ScaleFL Eq. (5): sum_i i (CE_i + beta tau^2 KL(p_last^tau || p_i^tau)) / sum_i i, the teacher detached.
 
     Exit i of n is weighted by i; the last exit is the teacher of the earlier ones at temperature
     tau (its own KL term is zero). The paper writes the normaliser as 1/(l(l+1)), half of
     1/sum_i i; hetfl divides by sum_i i = n(n+1)/2 as the authors' code does, so a single-exit
     model's loss is its plain CE (the choice only rescales the learning rate by 2). The authors'
-    code does not detach the teacher (REFERENCE-NOTES, a bug not copied).
+    code does not detach the teacher (REFERENCE-NOTES, a bug not copied). ``normaliser = "last"``
+    divides by the last exit's weight n instead, so the last exit's CE has weight 1 as in a
+    single-exit model: a control for how much Eq. (5)'s normaliser shrinks the step of the main path.
     """
     n = len(logits)
     log_teacher = F.log_softmax(logits[-1].detach() / tau, dim=1)
@@ -51,7 +53,7 @@ def weighted_exits_with_last_teacher(logits: list[torch.Tensor], target: torch.T
             kl = F.kl_div(F.log_softmax(z / tau, dim=1), log_teacher, reduction="batchmean", log_target=True)
             term = term + beta * tau**2 * kl
         total = total + i * term
-    return total / (n * (n + 1) / 2)
+    return total / (n * (n + 1) / 2 if normaliser == "sum" else n)
 
 
 def deep_mutual_learning(logits: list[torch.Tensor], target: torch.Tensor) -> torch.Tensor:

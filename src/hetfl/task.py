@@ -46,6 +46,7 @@ class LossRecipe:
     kd_weight: float = 0.0  # exits_ce: weight of the mutual KD among exits (DepthFL Eq. (1)); best_exit: eta
     beta: float = 0.0  # last_teacher: KD weight beta (ScaleFL Eq. (5))
     tau: float = 1.0  # last_teacher, best_exit: temperature tau
+    normaliser: str = "sum"  # last_teacher: divide by sum_i i ("sum") or by n ("last")
     ema: float = 0.2  # best_exit: weight zeta of a new batch in the running CE per exit (ReeFL Sec. 3.2)
     smaller: tuple[SubModel, ...] = ()  # slimmable: the smaller-width sub-models trained on shared slices
 

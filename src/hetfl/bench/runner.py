@@ -196,12 +196,16 @@ def run_lock(cfg: Config, wait: bool):
 
 def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = None,
               overrides: dict | None = None, seeds: list[int] | None = None, progress: bool = True,
-              report_only: bool = False) -> Path:
+              report_only: bool = False, reuse_saved: bool = False) -> Path:
     """Run a preset; returns the results folder holding table.md, summaries.json and curves.png.
 
     Runs another process is training are put off to the end (then waited for), so several
     processes can work through the same presets together. ``report_only``: train nothing, rewrite
-    table.md from the folder's summaries.json.
+    table.md from the folder's summaries.json. ``reuse_saved``: a run whose summary the folder's
+    summaries.json holds under the same run folder name (method, hash of the run's values, seed) is
+    taken from there instead of trained again: a committed table's runs outlive the machine's runs
+    folder, and a preset can gain rows or seeds without re-running the rest. Only for a table made
+    by the current code: the name says nothing of code that changed under the same options.
     """
     name, preset = load_preset(name_or_path)
     runs_root = Path(runs_dir or Path("runs") / "bench")
@@ -211,7 +215,8 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     if report_only:
         results = saved_results(out_dir / "summaries.json", configs)
     else:
-        results = _train(name, configs, runs_root, progress)
+        saved = _saved_by_run_name(out_dir / "summaries.json") if reuse_saved else {}
+        results = _train(name, configs, runs_root, progress, saved)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "summaries.json").write_text(json.dumps(results, indent=1) + "\n")
         plot_curves({label: [s["curve"] for s in runs] for label, runs in results.items()},
@@ -233,9 +238,15 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
 
 
 def _train(name: str, configs: list[tuple[str, int, Config]], runs_root: Path,
-           progress: bool) -> dict[str, list[dict]]:
-    """The summaries of every (label, seed) run, by label: each trained, resumed or reused."""
+           progress: bool, saved: dict[str, dict] | None = None) -> dict[str, list[dict]]:
+    """The summaries of every (label, seed) run, by label: each trained, resumed or reused (from the runs
+    folder, or from ``saved`` summaries by run folder name)."""
     summaries: dict[int, dict] = {}
+    for i, (label, seed, cfg) in enumerate(configs):
+        if (s := (saved or {}).get(cfg.name)) is not None:
+            print(f"[bench {name} {i + 1}/{len(configs)}] {label}, seed {seed}: {cfg.name} from summaries.json",
+                  flush=True)
+            summaries[i] = at_target(s, cfg)
     for wait in (False, True):
         for i, (label, seed, cfg) in enumerate(configs):
             if i in summaries:
@@ -262,6 +273,14 @@ def saved_results(path: Path, configs: list[tuple[str, int, Config]]) -> dict[st
         if (s := saved.get((label, seed))) is not None:
             results.setdefault(label, []).append(at_target(s, cfg))
     return results
+
+
+def _saved_by_run_name(path: Path) -> dict[str, dict]:
+    """The summaries a summaries.json holds, by their run folder's name (empty if there is no such file)."""
+    if not path.exists():
+        return {}
+    return {Path(s["run_dir"]).name: s for runs in json.loads(path.read_text()).values() for s in runs
+            if s.get("run_dir")}
 
 
 def _model_costs(resolved: dict[str, Config]) -> dict[str, dict[str, dict]]:

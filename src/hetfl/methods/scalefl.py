@@ -32,6 +32,9 @@ class Options(NoOptions):
 
     kd_temperature: float = opt(3.0, "ScaleFL: temperature tau of the distillation from the last exit")
     scalefl_beta: float = opt(0.1, "ScaleFL: weight beta of the distillation from the last exit, Eq. (5)")
+    scalefl_normaliser: str = opt("sum", "ScaleFL: divide Eq. (5)'s index-weighted sum by sum_i i ('sum', as the "
+                                  "authors' code) or by the last exit's index ('last': its CE at weight 1, a control)",
+                                  choices=("sum", "last"), added_later=True)
 
     def check(self, cfg) -> None:
         if not self.kd_temperature > 0:
@@ -53,7 +56,8 @@ class ScaleFL(Method):
 
     def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
         """Eq. (5): exits weighted by index, the last exit teaching the earlier ones."""
-        return LossRecipe("last_teacher", beta=self.options.scalefl_beta, tau=self.options.kd_temperature)
+        return LossRecipe("last_teacher", beta=self.options.scalefl_beta, tau=self.options.kd_temperature,
+                          normaliser=self.options.scalefl_normaliser)
 
     def eval_specs(self):
         return self.level_eval_specs()
