@@ -92,7 +92,8 @@ def _normalise_and_record(layer: nn.Module, moments: list, h: torch.Tensor) -> t
     channels-last kernel (which a convolution of a 1-channel image hands on through the whole CNN)
     sums in float32: up to 1e-3 relative in the variance of a CNN's first layer. That is far below
     the sampling error of estimating the statistics from ``static_bn_samples`` images (about 1e-2),
-    and on a HeteroFL run's four models it changed at most 1 of 10,000 test predictions.
+    and against exact float64 statistics it moved at most 2 of 10,000 test predictions of an exit
+    (the full-width CNN after one FedAvg round, and a HeteroFL run's four models).
     """
     out, mean, inv_std = torch.native_batch_norm(h, layer.weight, layer.bias, None, None, True, 0.0, layer.eps)
     var = inv_std.double().pow(-2) - layer.eps

@@ -4,6 +4,9 @@ Workload (issue 2): FedAvg on Fashion-MNIST, the CNN, 100 clients, 10 per round,
 The bare loop uses the same initial weights, the same sampled clients, the same batches (the same
 seeded permutations) and the same loss, then a sample-weighted average; both are timed over the
 same rounds, in alternating order, and the ratio of their medians is printed as the last line.
+Before it, one evaluation (static BN statistics of ``static_bn_samples`` training images, then
+the test set) is timed against its floor: the two bare forward passes, over the same images in
+the same chunks, that any such evaluation must make.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import Config
+from ..evaluate import STATS_CHUNK
 from ..seeding import torch_generator
 from ..sim import Simulation
 from ..train import batches
@@ -61,6 +65,23 @@ def simulator_rounds(sim: Simulation, rounds: int) -> dict[str, torch.Tensor]:
     return sim.global_state
 
 
+@torch.no_grad()
+def bare_evaluation(sim: Simulation) -> float:
+    """The floor of an evaluation with static BN: a training-mode forward over the statistics images in
+    chunks of ``STATS_CHUNK``, then an eval-mode forward over the test set; the accuracy (with batch
+    statistics, which static BN replaces, so not the simulator's)."""
+    model = sim.method.family.build().to(sim.device)
+    model.load_state_dict(sim.global_state)
+    model.train()
+    for start in range(0, len(sim.x_bn), STATS_CHUNK):
+        model(sim.x_bn[start:start + STATS_CHUNK])
+    model.eval()
+    size, correct = sim.cfg.eval_batch_size, 0
+    for start in range(0, len(sim.y_test), size):
+        correct += (model(sim.x_test[start:start + size])[-1].argmax(1) == sim.y_test[start:start + size]).sum()
+    return float(correct) / len(sim.y_test)
+
+
 def timed(fn, *args) -> tuple[float, object]:
     """(seconds, result) of one call."""
     start = time.perf_counter()
@@ -87,6 +108,15 @@ def run_speed(rounds: int = 2, repeats: int = 3, device: str = "cpu", dataset: s
         diff = max((results["sim"][k] - results["bare"][k]).abs().max().item() for k in results["sim"])
         print(f"repeat {r + 1}: simulator {sim_times[-1]:.2f} s, bare loop {bare_times[-1]:.2f} s, "
               f"ratio {sim_times[-1] / bare_times[-1]:.3f}, max |weight difference| {diff:.2e}")
+    evaluation, floor = [], []
+    for r in range(repeats):
+        for name, fn in ([("sim", sim.evaluate), ("bare", bare_evaluation)] if r % 2 == 0 else
+                         [("bare", bare_evaluation), ("sim", sim.evaluate)]):
+            seconds, _ = timed(fn) if name == "sim" else timed(fn, sim)
+            (evaluation if name == "sim" else floor).append(seconds)
+    print(f"evaluation with static BN ({len(sim.x_bn)} statistics + {len(sim.y_test)} test images) / its two bare "
+          f"forward passes (median of {repeats}): {statistics.median(evaluation):.2f} s / "
+          f"{statistics.median(floor):.2f} s = {statistics.median(evaluation) / statistics.median(floor):.3f}")
     ratio = statistics.median(sim_times) / statistics.median(bare_times)
     print(f"simulator / bare-loop time (median of {repeats}): {ratio:.3f}")
     return ratio
