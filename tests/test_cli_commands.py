@@ -214,3 +214,34 @@ def test_reuse_saved_takes_runs_from_the_committed_summaries_when_the_runs_folde
     assert sorted(p.name.rsplit("-", 1)[1] for p in runs.glob("*-*-s*")) == ["s1", "s1"]  # seed 1 only
     after = json.loads((out / "summaries.json").read_text())
     assert [s["seed"] for s in after["first"]] == [0, 1] and after["first"][0] == before["first"][0]
+
+
+def test_an_interrupted_bench_leaves_its_finished_runs_for_reuse_saved(tmp_path, monkeypatch):
+    """Each finished run is added to the results folder's finished-runs.json at once: a bench stopped half-way
+    (and its runs folder lost with the machine) resumes from it with --reuse-saved; the file goes once
+    summaries.json is written."""
+    import hetfl.bench.runner as runner
+
+    preset = tmp_path / "mini.toml"
+    preset.write_text(MINI)
+    out = tmp_path / "out"
+    real_run_one, calls = runner.run_one, []
+
+    def stopped_at_the_second_run(cfg, progress):
+        calls.append(cfg.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run_one(cfg, progress)
+
+    monkeypatch.setattr(runner, "run_one", stopped_at_the_second_run)
+    args = ["bench", str(preset), "--out", str(out), "--quiet"]
+    assert main([*args, "--runs-dir", str(tmp_path / "old-machine")]) == 130  # Ctrl-C
+    finished = json.loads((out / runner.FINISHED).read_text())
+    assert list(finished) == calls[:1] and not (out / "summaries.json").exists()
+    monkeypatch.setattr(runner, "run_one", real_run_one)
+    runs = tmp_path / "new-machine"
+    assert main([*args, "--runs-dir", str(runs), "--reuse-saved"]) == 0
+    assert [p.name for p in runs.glob("*-*-s*")] == [calls[1]]  # only the unfinished run trained
+    assert not (out / runner.FINISHED).exists()
+    summaries = json.loads((out / "summaries.json").read_text())
+    assert summaries["first"][0] == finished[calls[0]]

@@ -47,7 +47,7 @@ from ..methods import config_from, load_config
 from ..errors import HetflError
 from ..plots import plot_curves
 from ..report import as_list, bench_report, rounds_to_target
-from ..rundir import RunDirBusy
+from ..rundir import RunDirBusy, atomic_write_text
 from ..sim import Simulation
 
 PRESET_KEYS = {"title", "description", "seeds", "base", "runs", "report", "claims", "diagnosis"}
@@ -201,11 +201,14 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
 
     Runs another process is training are put off to the end (then waited for), so several
     processes can work through the same presets together. ``report_only``: train nothing, rewrite
-    table.md from the folder's summaries.json. ``reuse_saved``: a run whose summary the folder's
-    summaries.json holds under the same run folder name (method, hash of the run's values, seed) is
-    taken from there instead of trained again: a committed table's runs outlive the machine's runs
-    folder, and a preset can gain rows or seeds without re-running the rest. Only for a table made
-    by the current code: the name says nothing of code that changed under the same options.
+    table.md from the folder's summaries.json. Each run's summary is added to the folder's
+    ``FINISHED`` as soon as it is done (the file is removed once summaries.json is written), so an
+    interrupted bench's finished runs can be committed. ``reuse_saved``: a run whose summary the
+    folder's summaries.json or ``FINISHED`` holds under the same run folder name (method, hash of the
+    run's values, seed) is taken from there instead of trained again: a committed table's runs
+    outlive the machine's runs folder, and a preset can gain rows or seeds without re-running the
+    rest. Only for a table made by the current code: the name says nothing of code that changed
+    under the same options.
     """
     name, preset = load_preset(name_or_path)
     runs_root = Path(runs_dir or Path("runs") / "bench")
@@ -215,10 +218,13 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     if report_only:
         results = saved_results(out_dir / "summaries.json", configs)
     else:
-        saved = _saved_by_run_name(out_dir / "summaries.json") if reuse_saved else {}
-        results = _train(name, configs, runs_root, progress, saved)
+        saved = {**_saved_by_run_name(out_dir / "summaries.json"),
+                 **_saved_by_run_name(out_dir / FINISHED)} if reuse_saved else {}
+        results = _train(name, configs, runs_root, progress, saved,
+                         lambda cfg, summary: _record_finished(out_dir / FINISHED, runs_root, cfg, summary))
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "summaries.json").write_text(json.dumps(results, indent=1) + "\n")
+        atomic_write_text(out_dir / "summaries.json", json.dumps(results, indent=1) + "\n")
+        (out_dir / FINISHED).unlink(missing_ok=True)
         plot_curves({label: [s["curve"] for s in runs] for label, runs in results.items()},
                     out_dir / "curves.png", title=preset.get("title", name))
     resolved: dict[str, Config] = {}
@@ -237,10 +243,11 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     return out_dir
 
 
-def _train(name: str, configs: list[tuple[str, int, Config]], runs_root: Path,
-           progress: bool, saved: dict[str, dict] | None = None) -> dict[str, list[dict]]:
+def _train(name: str, configs: list[tuple[str, int, Config]], runs_root: Path, progress: bool,
+           saved: dict[str, dict] | None = None, finished=None) -> dict[str, list[dict]]:
     """The summaries of every (label, seed) run, by label: each trained, resumed or reused (from the runs
-    folder, or from ``saved`` summaries by run folder name)."""
+    folder, or from ``saved`` summaries by run folder name); ``finished(cfg, summary)`` is called after
+    each run taken from the runs folder."""
     summaries: dict[int, dict] = {}
     for i, (label, seed, cfg) in enumerate(configs):
         if (s := (saved or {}).get(cfg.name)) is not None:
@@ -256,6 +263,8 @@ def _train(name: str, configs: list[tuple[str, int, Config]], runs_root: Path,
                     print(f"[bench {name} {i + 1}/{len(configs)}] {label}, seed {seed}: {runs_root / cfg.name}",
                           flush=True)
                     summaries[i] = run_one(cfg, progress)
+                    if finished is not None:
+                        finished(cfg, summaries[i])
     results: dict[str, list[dict]] = {}
     for i, (label, _, _) in enumerate(configs):
         results.setdefault(label, []).append(summaries[i])
@@ -275,12 +284,29 @@ def saved_results(path: Path, configs: list[tuple[str, int, Config]]) -> dict[st
     return results
 
 
+FINISHED = "finished-runs.json"  # a results folder's summaries of the runs done so far, by run folder name
+
+
 def _saved_by_run_name(path: Path) -> dict[str, dict]:
-    """The summaries a summaries.json holds, by their run folder's name (empty if there is no such file)."""
+    """The summaries a summaries.json (by label) or a ``FINISHED`` file (by name) holds, by their run folder's
+    name; empty if there is no such file."""
     if not path.exists():
         return {}
-    return {Path(s["run_dir"]).name: s for runs in json.loads(path.read_text()).values() for s in runs
-            if s.get("run_dir")}
+    saved = json.loads(path.read_text())
+    if path.name == FINISHED:
+        return saved
+    return {Path(s["run_dir"]).name: s for runs in saved.values() for s in runs if s.get("run_dir")}
+
+
+def _record_finished(path: Path, runs_root: Path, cfg: Config, summary: dict) -> None:
+    """Add one run's summary to ``path`` (a ``FINISHED`` file), under a lock: two bench processes may share it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (runs_root / ".locks").mkdir(parents=True, exist_ok=True)
+    with open(runs_root / ".locks" / "finished-runs", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = json.loads(path.read_text()) if path.exists() else {}
+        done[cfg.name] = summary
+        atomic_write_text(path, json.dumps(done, indent=1) + "\n")
 
 
 def _model_costs(resolved: dict[str, Config]) -> dict[str, dict[str, dict]]:
