@@ -362,9 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
     bench.add_argument("--report-only", action="store_true", help="train nothing: rewrite table.md from the "
                        "summaries.json in --out (the preset's current claims and targets)")
-    bench.add_argument("--reuse-saved", action="store_true", help="take a run from the summaries.json in --out "
-                       "when it holds the same run (folder name: method, hash of the run's values, seed) instead of "
-                       "training it again; only for a table made by the current code")
+    bench.add_argument("--reuse-saved", action="store_true", help="take a run from the summaries.json or "
+                       "finished-runs.json in --out when it holds the same run (folder name: method, hash of the "
+                       "run's values, seed) instead of training it again; only for a table made by the current code")
     bench.set_defaults(fn=cmd_bench)
 
     costs = sub.add_parser("costs", help="params, MACs, bytes, training memory and latency of sub-models",

@@ -49,11 +49,12 @@ def static_batchnorm(model: nn.Module, x: torch.Tensor, chunk: int = STATS_CHUNK
     them for every sample alone. hetfl applies it to every BatchNorm model, so no accuracy depends
     on how the test set is batched (DESIGN.md, "One evaluation protocol"). The pass runs ``x`` in
     chunks of ``chunk`` samples with BN on batch statistics (as in training, and as sBN's pass
-    does), and each layer's statistics are pooled exactly over all of ``x``: the mean and variance
-    BatchNorm computes for each chunk anyway are kept and combined in float64 by the parallel-variance
-    formula (Chan et al.), giving the unbiased variance of all of ``x`` as PyTorch's running
-    statistics would, rather than PyTorch's cumulative average of per-batch variances, which would miss the spread between
-    the batches' means and depend on the batch size. Afterwards the layers use batch statistics again.
+    does), and each layer's statistics are pooled over all of ``x``: the mean and variance that
+    BatchNorm computes for each chunk anyway are kept and combined in float64 by the
+    parallel-variance formula (Chan et al.), giving the unbiased variance of all of ``x`` as
+    PyTorch's running statistics would, rather than PyTorch's cumulative average of per-batch
+    variances, which would miss the spread between the batches' means and depend on the batch size.
+    Afterwards the layers use batch statistics again.
     """
     layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats]
     was_training = model.training

@@ -251,7 +251,7 @@ def _train(name: str, configs: list[tuple[str, int, Config]], runs_root: Path, p
     summaries: dict[int, dict] = {}
     for i, (label, seed, cfg) in enumerate(configs):
         if (s := (saved or {}).get(cfg.name)) is not None:
-            print(f"[bench {name} {i + 1}/{len(configs)}] {label}, seed {seed}: {cfg.name} from summaries.json",
+            print(f"[bench {name} {i + 1}/{len(configs)}] {label}, seed {seed}: {cfg.name}, its saved summary",
                   flush=True)
             summaries[i] = at_target(s, cfg)
     for wait in (False, True):
