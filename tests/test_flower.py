@@ -148,6 +148,12 @@ def test_flower_runs_give_the_simulators_weights_over_tls_with_authenticated_nod
 
 
 # ---- guarantees 3, 4, 5: `hetfl deploy` with a node that dies, a node that lies, a server that dies ------------
+def ctrl_c_as_usual() -> None:
+    """SIGINT back to its default in the child: a suite started as a shell's background job inherits it ignored,
+    and the tests that press Ctrl-C would then test nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Deploy:
     """A running `hetfl deploy ARGS` (every process on one thread), its output in ``log``; stopped like Ctrl-C
     (SIGTERM: it stops every process it started) if the test leaves it running."""
@@ -156,7 +162,8 @@ class Deploy:
         self.log = log
         with open(log, "w") as out:
             self.process = subprocess.Popen([sys.executable, "-m", "hetfl", "deploy", *args], stdout=out,
-                                            stderr=subprocess.STDOUT, env={**os.environ, **ONE_THREAD})
+                                            stderr=subprocess.STDOUT, env={**os.environ, **ONE_THREAD},
+                                            preexec_fn=ctrl_c_as_usual)
 
     def __enter__(self) -> Deploy:
         return self
@@ -233,10 +240,14 @@ def test_a_ctrl_c_while_a_process_starts_lands_once_it_is_recorded_for_stopping(
     from hetfl.flower.federation import _signals_deferred
 
     recorded = []
-    with pytest.raises(KeyboardInterrupt), _signals_deferred():
-        signal.raise_signal(signal.SIGINT)
-        recorded.append("started")
-    assert recorded == ["started"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, even in a background job
+    try:
+        with pytest.raises(KeyboardInterrupt), _signals_deferred():
+            signal.raise_signal(signal.SIGINT)
+            recorded.append("started")
+        assert recorded == ["started"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
 
 
 def test_the_server_killed_after_a_round_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, one_thread):
