@@ -259,3 +259,15 @@ def test_cost_claims_and_accuracy_drop():
     summary = {"headline": "last", "accuracy": 0.9,
                "final": {"global": {"exit1": 0.8, "exit2": 0.9}, "level2": {"exit1": 0.85}}}
     assert metric_value(summary, "level2/drop") == pytest.approx(0.05)
+
+
+def test_exits_mean_by_depth_reads_each_exit_from_the_global_model_or_the_sub_model_ending_in_it():
+    from hetfl.report import metric_value
+
+    inclusive = {"final": {"global": {"exit3": 0.96, "ensemble": 0.96},  # only its last exit
+                           "level1": {"exit1": 0.90, "ensemble": 0.90}, "level2": {"exit2": 0.87, "ensemble": 0.87}}}
+    assert metric_value(inclusive, "exits_mean_by_depth") == pytest.approx((0.90 + 0.87 + 0.96) / 3)
+    assert metric_value(inclusive, "global/exits_mean") == pytest.approx(0.96)
+    multi_exit = {"final": {"global": {"exit1": 0.80, "exit2": 0.90, "ensemble": 0.88}, "level1": {"exit1": 0.70}}}
+    assert metric_value(multi_exit, "exits_mean_by_depth") == pytest.approx(0.85)  # the global model's own exits
+    assert metric_value({"final": {"global": {"ensemble": 0.5}}}, "exits_mean_by_depth") is None

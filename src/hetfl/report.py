@@ -23,6 +23,21 @@ def exits_mean(evaluation: dict) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def exits_mean_by_depth(final: dict[str, dict]) -> float | None:
+    """The mean over exit depths of each exit's accuracy, an exit read from the global model where it has it and
+    otherwise from the sub-model (level) that ends in it; None without exits.
+
+    ReeFL Tables 1-2 average "all exits" of every baseline; InclusiveFL's exit k is the head of its depth-k
+    sub-model (the global model has only the last), so its mean is over its sub-models. For a method whose global
+    model holds every exit this is ``global/exits_mean``."""
+    by_depth: dict[int, float] = {}
+    for model in ["global", *sorted(m for m in final if m != "global")]:
+        for key, value in final[model].items():
+            if key.startswith("exit") and key[4:].isdigit():
+                by_depth.setdefault(int(key[4:]), value)
+    return sum(by_depth.values()) / len(by_depth) if by_depth else None
+
+
 def evaluation_value(evaluation: dict, key: str) -> float | None:
     """``key`` of one model's evaluation ("exit2", "ensemble", "loss", or "exits_mean"), None if absent."""
     return exits_mean(evaluation) if key == "exits_mean" else evaluation.get(key)
@@ -82,7 +97,8 @@ def metric_value(summary: dict, metric: str) -> float | None:
     ``best_round``, ``rounds_to_target``, ``bytes_down_per_round``, ``wall_seconds``, ``max_memory_ratio`` (the
     largest measured step memory / budget of any client and round), ``within_budget`` (the share of client-rounds
     whose steps all stayed within budget): summary fields; ``late_gain``: the headline accuracy's gain over the
-    last third of the rounds (``late_gain``); ``MODEL/drop``: the global model's headline accuracy minus MODEL's.
+    last third of the rounds (``late_gain``); ``MODEL/drop``: the global model's headline accuracy minus MODEL's;
+    ``exits_mean_by_depth``: the mean over exit depths, each from the global model or the sub-model ending in it.
     """
     if metric == "accuracy":
         return summary["accuracy"]
@@ -90,6 +106,8 @@ def metric_value(summary: dict, metric: str) -> float | None:
         return late_gain(summary.get("curve") or [], summary.get("rounds", 0))
     if metric == "local":
         return summary.get("local_accuracy")
+    if metric == "exits_mean_by_depth":
+        return exits_mean_by_depth(summary["final"])
     if "/" in metric:
         model, key = metric.split("/", 1)
         if key == "drop":
