@@ -17,9 +17,14 @@ def _exit_columns(evaluations: list[dict]) -> list[str]:
     return [f"exit{i}" for i in range(1, n + 1)] + ["ensemble"] + (["exits_mean"] if n > 1 else [])
 
 
+def exit_accuracies(evaluation: dict) -> dict[int, float]:
+    """A model's accuracy at each of its exits, by exit depth (1 = the shallowest)."""
+    return {int(k[4:]): v for k, v in evaluation.items() if k.startswith("exit") and k[4:].isdigit()}
+
+
 def exits_mean(evaluation: dict) -> float | None:
     """The mean accuracy over a model's exits (ReeFL Tables 1-2's headline metric), None without exits."""
-    values = [v for k, v in evaluation.items() if k.startswith("exit") and k[4:].isdigit()]
+    values = list(exit_accuracies(evaluation).values())
     return sum(values) / len(values) if values else None
 
 
@@ -32,9 +37,8 @@ def exits_mean_by_depth(final: dict[str, dict]) -> float | None:
     model holds every exit this is ``global/exits_mean``."""
     by_depth: dict[int, float] = {}
     for model in ["global", *sorted(m for m in final if m != "global")]:
-        for key, value in final[model].items():
-            if key.startswith("exit") and key[4:].isdigit():
-                by_depth.setdefault(int(key[4:]), value)
+        for depth, value in exit_accuracies(final[model]).items():
+            by_depth.setdefault(depth, value)
     return sum(by_depth.values()) / len(by_depth) if by_depth else None
 
 
