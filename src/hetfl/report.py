@@ -13,7 +13,7 @@ import statistics
 def _exit_columns(evaluations: list[dict]) -> list[str]:
     """Exit column names present in any of these evaluations, shallowest first, then the ensemble and, with
     several exits, their mean accuracy."""
-    n = max((int(k[4:]) for e in evaluations for k in e if k.startswith("exit")), default=0)
+    n = max((depth for e in evaluations for depth in exit_accuracies(e)), default=0)
     return [f"exit{i}" for i in range(1, n + 1)] + ["ensemble"] + (["exits_mean"] if n > 1 else [])
 
 
@@ -89,7 +89,7 @@ def headline_accuracy(evaluation: dict, inference: str) -> float | None:
     """A model's headline accuracy: the ensemble's or the last exit's, as the method infers."""
     if inference == "ensemble":
         return evaluation.get("ensemble")
-    exits = [int(k[4:]) for k in evaluation if k.startswith("exit")]
+    exits = list(exit_accuracies(evaluation))
     return evaluation[f"exit{max(exits)}"] if exits else None
 
 
