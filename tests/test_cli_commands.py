@@ -245,3 +245,19 @@ def test_an_interrupted_bench_leaves_its_finished_runs_for_reuse_saved(tmp_path,
     assert not (out / runner.FINISHED).exists()
     summaries = json.loads((out / "summaries.json").read_text())
     assert summaries["first"][0] == finished[calls[0]]
+
+
+def test_a_bench_of_some_seeds_keeps_the_other_seeds_finished_runs(tmp_path):
+    """A bench writing summaries.json drops from finished-runs.json only its own runs: a seed another
+    process finished (not asked for here) stays there for the bench of every seed."""
+    import hetfl.bench.runner as runner
+
+    preset = tmp_path / "mini.toml"
+    preset.write_text(MINI)
+    out = tmp_path / "out"
+    out.mkdir()
+    other_seed = {"first-0123456789-s1": {"accuracy": 0.5}}
+    (out / runner.FINISHED).write_text(json.dumps(other_seed))
+    assert main(["bench", str(preset), "--out", str(out), "--quiet", "--seeds", "0",
+                 "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert json.loads((out / runner.FINISHED).read_text()) == other_seed

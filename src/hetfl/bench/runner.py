@@ -202,7 +202,7 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     Runs another process is training are put off to the end (then waited for), so several
     processes can work through the same presets together. ``report_only``: train nothing, rewrite
     table.md from the folder's summaries.json. Each run's summary is added to the folder's
-    ``FINISHED`` as soon as it is done (the file is removed once summaries.json is written), so an
+    ``FINISHED`` as soon as it is done (and dropped from it once summaries.json holds it), so an
     interrupted bench's finished runs can be committed. ``reuse_saved``: a run whose summary the
     folder's summaries.json or ``FINISHED`` holds under the same run folder name (method, hash of the
     run's values, seed) is taken from there instead of trained again: a committed table's runs
@@ -224,7 +224,7 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
                          lambda cfg, summary: _record_finished(out_dir / FINISHED, runs_root, cfg, summary))
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out_dir / "summaries.json", json.dumps(results, indent=1) + "\n")
-        (out_dir / FINISHED).unlink(missing_ok=True)
+        _forget_finished(out_dir / FINISHED, runs_root, {cfg.name for _, _, cfg in configs})
         plot_curves({label: [s["curve"] for s in runs] for label, runs in results.items()},
                     out_dir / "curves.png", title=preset.get("title", name))
     resolved: dict[str, Config] = {}
@@ -298,15 +298,35 @@ def _saved_by_run_name(path: Path) -> dict[str, dict]:
     return {Path(s["run_dir"]).name: s for runs in saved.values() for s in runs if s.get("run_dir")}
 
 
-def _record_finished(path: Path, runs_root: Path, cfg: Config, summary: dict) -> None:
-    """Add one run's summary to ``path`` (a ``FINISHED`` file), under a lock: two bench processes may share it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+@contextmanager
+def _finished_lock(runs_root: Path):
+    """Hold the lock on the ``FINISHED`` files of the benches sharing ``runs_root``."""
     (runs_root / ".locks").mkdir(parents=True, exist_ok=True)
     with open(runs_root / ".locks" / "finished-runs", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _record_finished(path: Path, runs_root: Path, cfg: Config, summary: dict) -> None:
+    """Add one run's summary to ``path`` (a ``FINISHED`` file), under a lock: two bench processes may share it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _finished_lock(runs_root):
         done = json.loads(path.read_text()) if path.exists() else {}
         done[cfg.name] = summary
         atomic_write_text(path, json.dumps(done, indent=1) + "\n")
+
+
+def _forget_finished(path: Path, runs_root: Path, names: set[str]) -> None:
+    """Drop the runs ``names`` (now in summaries.json) from ``path`` (a ``FINISHED`` file), removing it once
+    empty: the finished runs of seeds or rows this bench did not ask for (another process's) stay."""
+    if not path.exists():
+        return
+    with _finished_lock(runs_root):
+        rest = {name: s for name, s in json.loads(path.read_text()).items() if name not in names}
+        if rest:
+            atomic_write_text(path, json.dumps(rest, indent=1) + "\n")
+        else:
+            path.unlink()
 
 
 def _model_costs(resolved: dict[str, Config]) -> dict[str, dict[str, dict]]:
