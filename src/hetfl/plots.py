@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -10,25 +13,50 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+MAX_CURVES_PER_PANEL = 8  # beyond this, one panel's colours repeat and its legend hides the curves
+
+
+def panels(labels: list[str]) -> dict[str, list[str]]:
+    """The labels by panel: more than ``MAX_CURVES_PER_PANEL`` curves are split by the last item in each
+    label's closing parentheses ("FeDepth (Fair, α0.3)" -> "α0.3": one panel per data split), when
+    every label has one and that makes 2-6 panels; otherwise one panel ("") holds them all."""
+    if len(labels) <= MAX_CURVES_PER_PANEL:
+        return {"": list(labels)}
+    groups: dict[str, list[str]] = {}
+    for label in labels:
+        closing = re.search(r"\(([^()]*)\)\s*$", label)
+        if closing is None:
+            return {"": list(labels)}
+        groups.setdefault(closing.group(1).split(",")[-1].strip(), []).append(label)
+    return groups if 2 <= len(groups) <= 6 else {"": list(labels)}
+
 
 def plot_curves(curves: dict[str, list[list[tuple[int, float]]]], path: str | Path, title: str = "") -> None:
-    """Write a PNG of accuracy vs round: per label the mean over seeds, shaded by min..max."""
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for label, runs in curves.items():
-        runs = [r for r in runs if r]
-        if not runs:
-            continue
-        length = min(len(r) for r in runs)
-        rounds = [x for x, _ in runs[0][:length]]
-        acc = np.array([[100 * y for _, y in r[:length]] for r in runs])
-        ax.plot(rounds, acc.mean(0), label=label, marker="o" if length < 15 else None, ms=3)
-        if len(runs) > 1:
-            ax.fill_between(rounds, acc.min(0), acc.max(0), alpha=0.15)
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    """Write a PNG of accuracy vs round: per label the mean over seeds, shaded by min..max; many labels are
+    drawn in panels (``panels``) sharing the y axis."""
+    groups = panels([label for label, runs in curves.items() if any(runs)])
+    cols = min(len(groups), 3)
+    rows = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 if cols == 1 else 5.5 * cols, 4.5 * rows), dpi=120,
+                             sharey=True, squeeze=False)
+    for ax, (panel, labels) in zip(axes.flat, groups.items()):
+        for label in labels:
+            runs = [r for r in curves[label] if r]
+            length = min(len(r) for r in runs)
+            rounds = [x for x, _ in runs[0][:length]]
+            acc = np.array([[100 * y for _, y in r[:length]] for r in runs])
+            ax.plot(rounds, acc.mean(0), label=label, marker="o" if length < 15 else None, ms=3)
+            if len(runs) > 1:
+                ax.fill_between(rounds, acc.min(0), acc.max(0), alpha=0.15)
+        ax.set_xlabel("round")
+        ax.set_title(panel, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test accuracy (%)")
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    fig.suptitle(textwrap.fill(title, 60 * cols), fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
