@@ -319,9 +319,11 @@ def _record_finished(path: Path, runs_root: Path, cfg: Config, summary: dict) ->
 def _forget_finished(path: Path, runs_root: Path, names: set[str]) -> None:
     """Drop the runs ``names`` (now in summaries.json) from ``path`` (a ``FINISHED`` file), removing it once
     empty: the finished runs of seeds or rows this bench did not ask for (another process's) stay."""
-    if not path.exists():
+    if not path.exists():  # (no lock folder made where nothing was trained)
         return
     with _finished_lock(runs_root):
+        if not path.exists():
+            return
         rest = {name: s for name, s in json.loads(path.read_text()).items() if name not in names}
         if rest:
             atomic_write_text(path, json.dumps(rest, indent=1) + "\n")
