@@ -214,6 +214,10 @@ def test_reuse_saved_takes_runs_from_the_committed_summaries_when_the_runs_folde
     assert sorted(p.name.rsplit("-", 1)[1] for p in runs.glob("*-*-s*")) == ["s1", "s1"]  # seed 1 only
     after = json.loads((out / "summaries.json").read_text())
     assert [s["seed"] for s in after["first"]] == [0, 1] and after["first"][0] == before["first"][0]
+    # a bench of one seed keeps the table's other seeds (same run folder names) instead of dropping them
+    assert main([*args[:-1], "1", "--runs-dir", str(runs)]) == 0
+    assert json.loads((out / "summaries.json").read_text()) == after
+    assert "hetfl bench" in (table := (out / "table.md").read_text()) and "--seeds 1" not in table
 
 
 def test_an_interrupted_bench_leaves_its_finished_runs_for_reuse_saved(tmp_path, monkeypatch):

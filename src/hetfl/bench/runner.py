@@ -207,13 +207,13 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     folder's summaries.json or ``FINISHED`` holds under the same run folder name (method, hash of the
     run's values, seed) is taken from there instead of trained again: a committed table's runs
     outlive the machine's runs folder, and a preset can gain rows or seeds without re-running the
-    rest. Only for a table made by the current code: the name says nothing of code that changed
+    rest. ``seeds``: the table keeps the saved runs of the other seeds under the same run folder names.
+    Only for a table made by the current code: the name says nothing of code that changed
     under the same options.
     """
     name, preset = load_preset(name_or_path)
     runs_root = Path(runs_dir or Path("runs") / "bench")
-    configs = [(label, seed, cfg.replace(out=str(runs_root), name=f"{cfg.method}-{config_key(cfg)}-s{seed}"))
-               for label, seed, cfg in preset_configs(preset, overrides or {}, seeds)]
+    configs = _named_configs(preset, overrides or {}, seeds, runs_root)
     out_dir = Path(out or Path("results") / name)
     if report_only:
         results = saved_results(out_dir / "summaries.json", configs)
@@ -222,6 +222,8 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
                  **_saved_by_run_name(out_dir / FINISHED)} if reuse_saved else {}
         results = _train(name, configs, runs_root, progress, saved,
                          lambda cfg, summary: _record_finished(out_dir / FINISHED, runs_root, cfg, summary))
+        if seeds:
+            results = _with_saved_seeds(results, out_dir / "summaries.json", preset, overrides or {}, seeds, runs_root)
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out_dir / "summaries.json", json.dumps(results, indent=1) + "\n")
         _forget_finished(out_dir / FINISHED, runs_root, {cfg.name for _, _, cfg in configs})
@@ -233,14 +235,38 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
             resolved.setdefault(label, cfg)
     options = preset.get("report", {})
     costs = _model_costs(resolved) if options.get("costs") else None
-    command = " ".join([f"hetfl bench {name_or_path}", *([f"--out {out}"] if out else []),
-                        *([f"--seeds {','.join(map(str, seeds))}"] if seeds else []),
+    seeds_shown = sorted({s["seed"] for runs in results.values() for s in runs})
+    seeds_flag = ([] if not seeds else [f"--seeds {','.join(map(str, seeds))}"] if seeds_shown == sorted(seeds)
+                  else ["--reuse-saved"])  # the table also holds saved runs of other seeds
+    command = " ".join([f"hetfl bench {name_or_path}", *([f"--out {out}"] if out else []), *seeds_flag,
                         *(f"--{k} {v}" for k, v in (overrides or {}).items())])
     report = bench_report(preset, results, command, models=options.get("models", False) or costs is not None,
                           costs=costs)
     (out_dir / "table.md").write_text(report)
     print(report)
     return out_dir
+
+
+def _named_configs(preset: dict, overrides: dict, seeds: list[int] | None,
+                   runs_root: Path) -> list[tuple[str, int, Config]]:
+    """The preset's (label, seed, config)s, each config writing to its run folder under ``runs_root``, named by
+    method, hash of its values and seed."""
+    return [(label, seed, cfg.replace(out=str(runs_root), name=f"{cfg.method}-{config_key(cfg)}-s{seed}"))
+            for label, seed, cfg in preset_configs(preset, overrides, seeds)]
+
+
+def _with_saved_seeds(results: dict[str, list[dict]], path: Path, preset: dict, overrides: dict, seeds: list[int],
+                      runs_root: Path) -> dict[str, list[dict]]:
+    """``results`` (this bench's, of ``seeds``, by label) plus the runs of the other seeds (the preset's and those
+    ``path``, a summaries.json, holds) that ``path`` holds under the same run folder name (method, hash of its
+    values, seed): a bench of some seeds adds to a table instead of dropping its other seeds."""
+    saved = _saved_by_run_name(path)
+    other_seeds = sorted({*preset.get("seeds", [0]), *(s["seed"] for s in saved.values())} - set(seeds))
+    merged = {label: list(runs) for label, runs in results.items()}
+    for label, _, cfg in _named_configs(preset, overrides, other_seeds, runs_root) if other_seeds else []:
+        if (s := saved.get(cfg.name)) is not None:
+            merged.setdefault(label, []).append(at_target(s, cfg))
+    return {label: sorted(runs, key=lambda s: s["seed"]) for label, runs in merged.items()}
 
 
 def _train(name: str, configs: list[tuple[str, int, Config]], runs_root: Path, progress: bool,
