@@ -22,9 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hetfl.methods import load_config
-from hetfl.sim import Simulation
-from hetfl.slicing import extract
+from finished_run import load_finished, test_predictions
 
 
 def trains_exit(spec, number: int) -> bool:
@@ -39,14 +37,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="how many last rounds to list")
     args = parser.parse_args()
 
-    cfg = load_config(str(args.run_dir / "config.json"), {})
-    sim = Simulation(cfg)
-    sim.state.params.update(torch.load(args.run_dir / "final_model.pt"))
-    spec = sim.method.eval_specs()["global"]
-    model = sim.eval_models.loaded(spec, extract(sim.state.params, sim.eval_models.shapes(spec), spec))
-    with sim._statistics(model), torch.no_grad():
-        chunks = [model(sim.x_test[i:i + 1000])[args.exit - 1] for i in range(0, len(sim.x_test), 1000)]
-    pred, y = torch.cat(chunks).argmax(1), sim.y_test
+    sim = load_finished(args.run_dir)
+    cfg = sim.cfg
+    pred, y = test_predictions(sim, sim.state.params, args.exit), sim.y_test
     classes = sim.dataset.num_classes
     predicted = torch.bincount(pred, minlength=classes).double() / len(pred)
     print(f"exit {args.exit}: accuracy {(pred == y).double().mean().item():.4f}")

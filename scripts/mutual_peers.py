@@ -7,8 +7,8 @@ state between rounds (``peer1/`` in ``RUN_DIR/client_state/CLIENT.pt``, the mode
 the one it uploads; see ``client._blockwise_update``), evaluates each on the test set with static
 BN (as the run did), and prints per peer: its accuracy, its client's main classes (those with at
 least 5% of its samples), and the share of test images it assigns to them. A peer that predicts
-only its client's classes is a local model:
-the KL term of deep mutual learning pulls the uploaded model towards it.
+only its client's classes is a local model: the KL term of deep mutual learning pulls the uploaded
+model towards it.
 
 Written for the diagnosis of m-FeDepth under fedepth-table2.
 """
@@ -21,9 +21,7 @@ from pathlib import Path
 
 import torch
 
-from hetfl.methods import load_config
-from hetfl.sim import Simulation
-from hetfl.slicing import extract
+from finished_run import load_finished, test_predictions
 
 PEER = "peer1/"
 MAIN_SHARE = 0.05  # a client's main classes: those with at least this share of its samples
@@ -35,15 +33,8 @@ def main() -> None:
     parser.add_argument("--peers", type=int, default=6, help="how many peers to evaluate (clients in id order)")
     args = parser.parse_args()
 
-    sim = Simulation(load_config(str(args.run_dir / "config.json"), {}))
-    sim.state.params.update(torch.load(args.run_dir / "final_model.pt"))
-    spec = sim.method.eval_specs()["global"]
-
-    def predictions(params: dict) -> torch.Tensor:
-        model = sim.eval_models.loaded(spec, extract(params, sim.eval_models.shapes(spec), spec))
-        with sim._statistics(model), torch.no_grad():
-            return torch.cat([model(sim.x_test[i:i + 1000])[-1] for i in range(0, len(sim.x_test), 1000)]).argmax(1)
-
+    sim = load_finished(args.run_dir)
+    predictions = lambda params: test_predictions(sim, params)  # noqa: E731
     accuracy = lambda pred: (pred == sim.y_test).double().mean().item()  # noqa: E731
     print(f"global model: accuracy {accuracy(predictions(sim.state.params)):.4f}")
     rows = []

@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--runs-dir", help="where the individual runs go (default runs/bench, shared by all "
                        "presets: a finished run is reused by any preset that has it)")
     bench.add_argument("--seeds", help="comma-separated seeds (default: the preset's); the table keeps "
-                       "the saved runs of the preset's other seeds")
+                       "the saved runs of the other seeds")
     bench.add_argument("--rounds", type=int, help="override the rounds of every run")
     bench.add_argument("--repeats", type=int, default=3, help="speed: repetitions (median reported)")
     bench.add_argument("--kills", type=int, default=20, help="chaos: how many kill -9s (the first --seeds value "

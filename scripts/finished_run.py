@@ -1,0 +1,29 @@
+"""What the analysis scripts share: a finished run's simulation, and a model's test-set predictions as the run
+evaluated them (the global model's sub-model, static BN statistics of the training data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hetfl.methods import load_config
+from hetfl.sim import Simulation
+from hetfl.slicing import extract
+
+
+def load_finished(run_dir: Path) -> Simulation:
+    """The run's simulation (its data, partition and method, replayed from config.json) holding its final model."""
+    sim = Simulation(load_config(str(run_dir / "config.json"), {}))
+    sim.state.params.update(torch.load(run_dir / "final_model.pt"))
+    return sim
+
+
+def test_predictions(sim: Simulation, params: dict, exit_number: int = -1) -> torch.Tensor:
+    """The class each test image gets from the 1-based exit ``exit_number`` (default: the last) of the global
+    model's sub-model loaded with ``params``, with static BN as the run evaluated it."""
+    spec = sim.method.eval_specs()["global"]
+    model = sim.eval_models.loaded(spec, extract(params, sim.eval_models.shapes(spec), spec))
+    index = exit_number - 1 if exit_number > 0 else exit_number
+    with sim._statistics(model), torch.no_grad():
+        return torch.cat([model(sim.x_test[i:i + 1000])[index] for i in range(0, len(sim.x_test), 1000)]).argmax(1)
