@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from hetfl.bench.runner import load_preset, preset_configs, preset_names, run_bench
+from hetfl.bench.runner import config_key, load_preset, preset_configs, preset_names, run_bench
 from hetfl.cli import DATASET_SHAPES
 from hetfl.errors import HetflError
 from hetfl.methods import build_method
@@ -219,6 +219,62 @@ lower_is_better = true
     assert "## Diagnosis of the claims that fail\n\nSlow is slow because it is small." in table
     assert table.index("Slow is slow") > table.index("## Claims checked")
     assert not (tmp_path / "runs").exists()  # nothing trained
+
+
+def test_report_only_with_reuse_saved_writes_an_interim_table_of_the_finished_runs(tmp_path):
+    """A bench that has not ended has only finished-runs.json: --report-only --reuse-saved reports what it holds,
+    says which runs are missing, and leaves a claim on a row not run undecided; without --reuse-saved it is a
+    one-line error that names the flag."""
+    preset = tmp_path / "mini.toml"
+    preset.write_text("""
+title = "mini"
+seeds = [0, 1, 2]
+[base]
+dataset = "digits"
+[[runs]]
+label = "Big"
+method = "alllarge"
+[[runs]]
+label = "Small"
+method = "allsmall"
+[[runs]]
+label = "Never"
+method = "exclusivefl"
+[[claims]]
+claim = "Big beats Small"
+better = "Big"
+worse = "Small"
+[[claims]]
+claim = "Small beats Big"
+better = "Small"
+worse = "Big"
+[[claims]]
+claim = "Big beats Never"
+better = "Big"
+worse = "Never"
+""")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(HetflError, match="--reuse-saved"):
+        run_bench(str(preset), out=str(out), runs_dir=str(tmp_path / "runs"), report_only=True)
+    _, loaded = load_preset(str(preset))
+    names = {(label, seed): f"{cfg.method}-{config_key(cfg)}-s{seed}"
+             for label, seed, cfg in preset_configs(loaded, {}, None)}
+    curve = [[1, 0.5], [2, 0.9]]
+    finished = {names["Big", 0]: {**summary(0.90, 0.7), "seed": 0, "curve": curve},
+                names["Big", 1]: {**summary(0.91, 0.7), "seed": 1, "curve": curve},
+                names["Small", 0]: {**summary(0.60, 0.5), "seed": 0, "curve": curve},
+                names["Small", 1]: {**summary(0.61, 0.5), "seed": 1, "curve": curve}}
+    (out / "finished-runs.json").write_text(json.dumps(finished))
+    run_bench(str(preset), out=str(out), runs_dir=str(tmp_path / "runs"), report_only=True, reuse_saved=True)
+    table = (out / "table.md").read_text()
+    assert ("**Interim table: 4 of 9 runs finished.** Not run yet: Big (seed 2); Small (seed 2); "
+            "Never (seeds 0, 1, 2).") in table
+    assert "| Small beats Big | did not hold " in table  # a significant failure decides already
+    assert "| Big beats Small | undecided (seeds not all run yet) " in table  # seed 2 may yet count
+    assert "| Big beats Never | undecided (not run) " in table
+    assert "Regenerate: `hetfl bench" in table and "--reuse-saved`" in table
+    assert not (out / "summaries.json").exists() and not (tmp_path / "runs").exists()  # nothing trained or moved
 
 
 @pytest.mark.parametrize("name", preset_names())

@@ -362,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", help="memory: the backbone (default resnet18)")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
     bench.add_argument("--report-only", action="store_true", help="train nothing: rewrite table.md from the "
-                       "summaries.json in --out (the preset's current claims and targets)")
+                       "summaries.json in --out (the preset's current claims and targets); with --reuse-saved also from its "
+                       "finished-runs.json: an interim table of an unfinished bench, naming the runs it lacks")
     bench.add_argument("--reuse-saved", action="store_true", help="take a run from the summaries.json or "
                        "finished-runs.json in --out when it holds the same run (folder name: method, hash of the "
                        "run's values, seed) instead of training it again; only for a table made by the current code")

@@ -333,7 +333,8 @@ def check_cost_claim(claim: dict, costs: dict | None) -> list[str]:
     return [claim.get("claim", ""), "held" if ratio >= claim["at_least"] else "did not hold", measured]
 
 
-def check_claim(claim: dict, results: dict[str, list[dict]], costs: dict | None = None) -> list[str]:
+def check_claim(claim: dict, results: dict[str, list[dict]], costs: dict | None = None,
+                pending: frozenset[str] = frozenset()) -> list[str]:
     """[claim, verdict, measured] for one preset claim; every comparison a two-sided Welch t-test over every seed.
 
     Three forms: ``better`` beats ``worse`` on ``metric`` (one side may be a list: each of it is compared;
@@ -349,7 +350,9 @@ def check_claim(claim: dict, results: dict[str, list[dict]], costs: dict | None 
     p < ALPHA; "held (not significant: p)" when they all go that way but not all significantly (the
     largest p); "did not hold (not significant: p)" when some go the other way, none significantly (the
     smallest p); with one seed on a side there is no noise estimate, and the verdict says so.
-    A fourth form, ``cost_ratio``, compares measured costs (``check_cost_claim``).
+    A fourth form, ``cost_ratio``, compares measured costs (``check_cost_claim``). ``pending``: the labels with
+    seeds not run yet (an interim table); a comparison of one is "undecided (seeds not all run yet)" short of a
+    significant failure.
     """
     if "cost_ratio" in claim:
         return check_cost_claim(claim, costs)
@@ -368,10 +371,15 @@ def check_claim(claim: dict, results: dict[str, list[dict]], costs: dict | None 
             continue
         estimate, p = welch_test(_merged(terms, values), offset)
         outcomes.append((sign * estimate >= 0 if "at_least" in claim else sign * estimate > 0, p))
+    # an interim table: a comparison of a row whose seeds are not all run decides only by a significant failure
+    deciding = [o if o is None or not pending & {label for (label, _), _ in terms} or (not o[0] and o[1] is not None
+                                                                                      and o[1] < ALPHA) else None
+                for (terms, _), o in zip(comparisons, outcomes)]
     n, k = sum(map(len, values.values())), sum(x is not None for v in values.values() for x in v)
     undecided = ("not run" if len(values) < len(samples)
+                 else "seeds not all run yet" if deciding != outcomes
                  else f"target reached by {k} of {n} runs" if rounds else f"{k} of {n} seeds")
-    return [claim.get("claim", ""), _verdict(outcomes, undecided), _measured(claim, results, samples, outcomes)]
+    return [claim.get("claim", ""), _verdict(deciding, undecided), _measured(claim, results, samples, outcomes)]
 
 
 def _measured(claim: dict, results: dict[str, list[dict]], samples: list, outcomes: list) -> str:
@@ -401,6 +409,20 @@ def _measured(claim: dict, results: dict[str, list[dict]], samples: list, outcom
     return prefix + "; ".join(cell(*key) + tested.get(key, "") for key in samples)
 
 
+def interim_note(missing: list[tuple[str, int]] | None, finished: int) -> str:
+    """A line saying which of a preset's runs an interim table lacks ("" when it lacks none)."""
+    if not missing:
+        return ""
+    seeds: dict[str, list[int]] = {}
+    for label, seed in missing:
+        seeds.setdefault(label, []).append(seed)
+    lacking = "; ".join(f"{label} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))})"
+                        for label, s in seeds.items())
+    return (f"**Interim table: {finished} of {finished + len(missing)} runs finished.** Not run yet: {lacking}. "
+            "A row averages the seeds it has (the \"seeds\" column); a claim comparing a row with seeds not run "
+            "yet is undecided, unless it already fails significantly.")
+
+
 CLAIM_RULE = (
     f"Every comparison a claim makes is a two-sided Welch t-test over the seeds (unequal variances, "
     f"Welch-Satterthwaite degrees of freedom), significant at p < {ALPHA:g}: better against each rival (two "
@@ -416,15 +438,17 @@ CLAIM_RULE = (
 
 
 def bench_report(preset: dict, results: dict[str, list[dict]], command: str, models: bool = False,
-                 costs: dict | None = None) -> str:
-    """The Markdown report of a bench: description, main table, models table, claims, how to regenerate."""
+                 costs: dict | None = None, missing: list[tuple[str, int]] | None = None) -> str:
+    """The Markdown report of a bench: description, main table, models table, claims, how to regenerate;
+    ``missing``, the (label, seed)s not run yet, makes it an interim table that says which."""
     seeds = sorted({s["seed"] for runs in results.values() for s in runs})
     parts = [f"# {preset.get('title', 'bench')}", preset.get("description", "").strip(),
-             "## Global model", bench_table(results)]
+             interim_note(missing, sum(map(len, results.values()))), "## Global model", bench_table(results)]
     if models or costs is not None:
         parts += ["## Every evaluated model", models_table(results, costs)]
     if preset.get("claims"):
-        rows = [check_claim(c, results, costs) for c in preset["claims"]]
+        pending = frozenset(label for label, _ in missing or [])
+        rows = [check_claim(c, results, costs, pending) for c in preset["claims"]]
         parts += ["## Claims checked", format_table(["claim", "verdict", "measured (mean ± std over seeds)"],
                                                     rows, markdown=True), CLAIM_RULE]
     if preset.get("diagnosis"):

@@ -215,8 +215,9 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     runs_root = Path(runs_dir or Path("runs") / "bench")
     configs = _named_configs(preset, overrides or {}, seeds, runs_root)
     out_dir = Path(out or Path("results") / name)
-    if report_only:
-        results = saved_results(out_dir / "summaries.json", configs)
+    if report_only:  # with reuse_saved, also the finished runs of a bench that has not ended: an interim table
+        results = saved_results(out_dir / "summaries.json", configs,
+                                _saved_by_run_name(out_dir / FINISHED) if reuse_saved else None)
     else:
         saved = {**_saved_by_run_name(out_dir / "summaries.json"),
                  **_saved_by_run_name(out_dir / FINISHED)} if reuse_saved else {}
@@ -238,10 +239,14 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     seeds_shown = sorted({s["seed"] for runs in results.values() for s in runs})
     seeds_flag = ([] if not seeds else [f"--seeds {','.join(map(str, seeds))}"] if seeds_shown == sorted(seeds)
                   else ["--reuse-saved"])  # the table also holds saved runs of other seeds
+    if reuse_saved and report_only and "--reuse-saved" not in seeds_flag:
+        seeds_flag.append("--reuse-saved")  # trains what the interim table lacks, keeping what it has
+    missing = [(label, seed) for label, seed, _ in configs
+               if seed not in {s["seed"] for s in results.get(label, [])}]
     command = " ".join([f"hetfl bench {name_or_path}", *([f"--out {out}"] if out else []), *seeds_flag,
                         *(f"--{k} {v}" for k, v in (overrides or {}).items())])
     report = bench_report(preset, results, command, models=options.get("models", False) or costs is not None,
-                          costs=costs)
+                          costs=costs, missing=missing)
     (out_dir / "table.md").write_text(report)
     print(report)
     return out_dir
@@ -297,15 +302,19 @@ def _train(name: str, configs: list[tuple[str, int, Config]], runs_root: Path, p
     return results
 
 
-def saved_results(path: Path, configs: list[tuple[str, int, Config]]) -> dict[str, list[dict]]:
-    """The saved summaries of the preset's (label, seed)s that ``path`` (a summaries.json) holds, by label, their
-    rounds to target re-read off their curves at the preset's targets; labels or seeds it lacks are left out."""
-    if not path.exists():
-        raise HetflError(f"--report-only rewrites a report from {path}, which does not exist: run the bench first")
-    saved = {(label, s["seed"]): s for label, runs in json.loads(path.read_text()).items() for s in runs}
+def saved_results(path: Path, configs: list[tuple[str, int, Config]],
+                  finished: dict[str, dict] | None = None) -> dict[str, list[dict]]:
+    """The saved summaries of the preset's (label, seed)s that ``path`` (a summaries.json) holds, else that
+    ``finished`` holds under the run's folder name, by label, their rounds to target re-read off their curves at
+    the preset's targets; labels or seeds they lack are left out."""
+    if not path.exists() and not finished:
+        raise HetflError(f"--report-only rewrites a report from {path}, which does not exist: run the bench first"
+                         f"{'' if finished is not None else ' (or add --reuse-saved to report its finished runs)'}")
+    saved = ({(label, s["seed"]): s for label, runs in json.loads(path.read_text()).items() for s in runs}
+             if path.exists() else {})
     results: dict[str, list[dict]] = {}
     for label, seed, cfg in configs:
-        if (s := saved.get((label, seed))) is not None:
+        if (s := saved.get((label, seed)) or (finished or {}).get(cfg.name)) is not None:
             results.setdefault(label, []).append(at_target(s, cfg))
     return results
 
