@@ -397,7 +397,7 @@ def _measured(claim: dict, results: dict[str, list[dict]], samples: list, outcom
     prefix = ""
     if metric == "rounds_to_target":
         targets = sorted({s.get("target_accuracy") or 0 for label, _ in samples for s in results.get(label, [])})
-        prefix = f"rounds to {'/'.join(f'{100 * t:g}' for t in targets)}%: "
+        prefix = f"rounds to {'/'.join(f'{100 * t:g}%' for t in targets) or 'the target'}: "
     if "at_least" in claim:
         return f"{prefix}{cell(claim['better'], metric)} against {scale * claim['at_least']:g}{notes[0]}"
     if "gain" in claim and outcomes and outcomes[0] is not None:
