@@ -274,6 +274,7 @@ worse = "Never"
     assert "| Big beats Small | undecided (seeds not all run yet) " in table  # seed 2 may yet count
     assert "| Big beats Never | undecided (not run) " in table
     assert "Regenerate: `hetfl bench" in table and "--reuse-saved`" in table
+    assert (out / "curves.png").exists()
     assert not (out / "summaries.json").exists() and not (tmp_path / "runs").exists()  # nothing trained or moved
 
 

@@ -201,9 +201,9 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
 
     Runs another process is training are put off to the end (then waited for), so several
     processes can work through the same presets together. ``report_only``: train nothing, rewrite
-    table.md from the folder's summaries.json. Each run's summary is added to the folder's
-    ``FINISHED`` as soon as it is done (and dropped from it once summaries.json holds it), so an
-    interrupted bench's finished runs can be committed. ``reuse_saved``: a run whose summary the
+    table.md and curves.png from the folder's summaries.json (and ``FINISHED`` with ``reuse_saved``: an
+    interim table). Each run's summary is added to the folder's ``FINISHED`` as soon as it is done (and
+    dropped from it once summaries.json holds it), so an interrupted bench's finished runs can be committed. ``reuse_saved``: a run whose summary the
     folder's summaries.json or ``FINISHED`` holds under the same run folder name (method, hash of the
     run's values, seed) is taken from there instead of trained again: a committed table's runs
     outlive the machine's runs folder, and a preset can gain rows or seeds without re-running the
@@ -228,8 +228,8 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out_dir / "summaries.json", json.dumps(results, indent=1) + "\n")
         _forget_finished(out_dir / FINISHED, runs_root, {cfg.name for _, _, cfg in configs})
-        plot_curves({label: [s["curve"] for s in runs] for label, runs in results.items()},
-                    out_dir / "curves.png", title=preset.get("title", name))
+    plot_curves({label: [s["curve"] for s in runs] for label, runs in results.items()},
+                out_dir / "curves.png", title=preset.get("title", name))
     resolved: dict[str, Config] = {}
     for label, _, cfg in configs:
         if label in results:
