@@ -304,10 +304,16 @@ def _p(p: float) -> str:
     return "p<0.001" if p < 0.001 else f"p={p:.2g}"
 
 
+def _fails_significantly(outcome: tuple[bool, float | None]) -> bool:
+    """Whether a comparison's (claimed way, p) goes against the claim with p < ALPHA."""
+    ok, p = outcome
+    return not ok and p is not None and p < ALPHA
+
+
 def _verdict(outcomes: list[tuple[bool, float | None] | None], undecided: str) -> str:
     """The claim's verdict from its comparisons' (claimed way, p), None for one that could not be made."""
     tested = [o for o in outcomes if o is not None]
-    if any(not ok and p is not None and p < ALPHA for ok, p in tested):
+    if any(map(_fails_significantly, tested)):
         return "did not hold"  # a significant failure decides, whatever the comparisons not made
     if len(tested) < len(outcomes):
         return f"undecided ({undecided})"
@@ -372,9 +378,8 @@ def check_claim(claim: dict, results: dict[str, list[dict]], costs: dict | None 
         estimate, p = welch_test(_merged(terms, values), offset)
         outcomes.append((sign * estimate >= 0 if "at_least" in claim else sign * estimate > 0, p))
     # an interim table: a comparison of a row whose seeds are not all run decides only by a significant failure
-    deciding = [o if o is None or not pending & {label for (label, _), _ in terms} or (not o[0] and o[1] is not None
-                                                                                      and o[1] < ALPHA) else None
-                for (terms, _), o in zip(comparisons, outcomes)]
+    deciding = [o if o is None or not pending & {label for (label, _), _ in terms} or _fails_significantly(o)
+                else None for (terms, _), o in zip(comparisons, outcomes)]
     n, k = sum(map(len, values.values())), sum(x is not None for v in values.values() for x in v)
     undecided = ("not run" if len(values) < len(samples)
                  else "seeds not all run yet" if deciding != outcomes

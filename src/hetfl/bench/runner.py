@@ -203,10 +203,10 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     processes can work through the same presets together. ``report_only``: train nothing, rewrite
     table.md and curves.png from the folder's summaries.json (and ``FINISHED`` with ``reuse_saved``: an
     interim table). Each run's summary is added to the folder's ``FINISHED`` as soon as it is done (and
-    dropped from it once summaries.json holds it), so an interrupted bench's finished runs can be committed. ``reuse_saved``: a run whose summary the
-    folder's summaries.json or ``FINISHED`` holds under the same run folder name (method, hash of the
-    run's values, seed) is taken from there instead of trained again: a committed table's runs
-    outlive the machine's runs folder, and a preset can gain rows or seeds without re-running the
+    dropped from it once summaries.json holds it), so an interrupted bench's finished runs can be committed.
+    ``reuse_saved``: a run whose summary the folder's summaries.json or ``FINISHED`` holds under the same
+    run folder name (method, hash of the run's values, seed) is taken from there instead of trained again:
+    a committed table's runs outlive the machine's runs folder, and a preset can gain rows or seeds without re-running the
     rest. ``seeds``: the table keeps the saved runs of the other seeds under the same run folder names.
     Only for a table made by the current code: the name says nothing of code that changed
     under the same options.
