@@ -14,10 +14,11 @@ Choices, and why:
 * The summaries are computed for every registered document at once (a simulation asks with its
   deepest evaluation model first, ``prepare``), in dataset order and chunks of ``CHUNK`` rows, so
   a value never depends on which batch first asked for it: a run is deterministic and a resumed
-  run reads the same numbers. They equal the backbone's own up to
-  float rounding (a matrix product rounds differently at another batch size), so a run with the
-  cache is not bit-identical to one without; the option is off by default and recorded in the
-  config (``cache_frozen_features``), so the two never share a run folder.
+  run reads the same numbers. They equal the backbone's own up to float rounding (a matrix product
+  may round differently at another batch size), so a run with the store need not be bit-identical
+  to one without; the option is off by default and recorded in the config
+  (``cache_frozen_features``), so the two never share a run folder. Measured on R8 (DepthFL and
+  ScaleFL, frozen, 40 rounds): the same curves and final accuracies, in under half the time.
 * A model reads them only when its stem and blocks hold no trainable tensor (LoRA, adapters and
   SSF train inside the blocks) and no hook acts between blocks; the key is where the weights came
   from (the pretrained folder), the width and the read-out, so a width-sliced ScaleFL level reads
