@@ -58,6 +58,9 @@ class Config:
                         "parallel or serial adapters, or SSF scale-and-shift; exits always train", FINETUNE_MODES,
                         added_later=True)
     adapter_rank: int = opt(32, "rank of LoRA (alpha = 2 x rank) and of the adapters' bottleneck", added_later=True)
+    cache_frozen_features: bool = opt(False, "with --finetune frozen: compute each document's exit summaries once "
+                                      "and read them back instead of running the frozen layers (a large speed-up; "
+                                      "equal up to float rounding)", added_later=True)
     exit_every: int = opt(0, "an exit after every k-th block, the last block included (0 = the model's default)",
                           added_later=True)
     model_width: float = opt(1.0, "width multiplier of the global model (1 = 64/128/256/512 channels), > 0")
@@ -208,6 +211,9 @@ class Config:
         for name in ("momentum", "adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise HetflError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.cache_frozen_features and self.finetune != "frozen":
+            raise HetflError(f"cache_frozen_features needs finetune = frozen (layers that train change the summaries "
+                             f"it would keep), got finetune = {self.finetune}; drop it")
         if self.max_length < 2:
             raise HetflError(f"max_length must be >= 2 tokens ([CLS] and [SEP]), got {self.max_length}")
         for name in ("exit_every", "static_bn_samples", "server_lr", "weight_decay", "clip_grad", "clip_value", "prox_mu", "lr_min", "crop_padding",

@@ -34,6 +34,7 @@ from .errors import HetflError, warn
 from .evaluate import evaluate, static_batchnorm
 from .faults import corrupt, corruption_for, pick
 from .methods import build_method, load_config
+from .models.frozen_features import features_of, serving
 from .report import headline_accuracy, rounds_to_target
 from .rundir import (append_jsonl, atomic_torch_save, atomic_write_json, create_run_dir, crash_point, lock_run_dir,
                      read_jsonl, readable_json_file, readable_torch_file, remove_tree, unlock_run_dir,
@@ -123,6 +124,8 @@ class Simulation:
             subset = torch.randperm(len(self.x_train), generator=torch_generator(cfg.seed, "static-bn"))
             self.x_bn = self.x_train[subset[:cfg.static_bn_samples].to(self.device)]
         self.parts = [p.to(self.device) for p in parts]
+        # a frozen backbone's exit summaries of every document, computed once (models.frozen_features)
+        self.frozen_features = features_of(self.x_train, self.x_test) if cfg.cache_frozen_features else None
         self.state: ServerState = self.method.init_state(cfg.seed)
         self.run_dir: Path | None = None  # created by the first ``run``, not before (no folder on bad input)
         self.start_round = 0
@@ -254,7 +257,8 @@ class Simulation:
                 losses.append(reply.update.metrics["train_loss"])
                 yield reply.update
 
-        self.state = self.method.aggregate(self.state, updates())
+        with serving(self.frozen_features):  # the clients train as aggregation draws their updates
+            self.state = self.method.aggregate(self.state, updates())
         log.train_loss = sum(losses) / len(losses) if losses else None
         return log
 
@@ -279,7 +283,7 @@ class Simulation:
         out, accuracies = {}, []
         for spec in {**labels, **clients}:
             model = self.eval_models.loaded(spec, extract(self.state.params, self.eval_models.shapes(spec), spec))
-            with self._statistics(model):
+            with self._statistics(model), serving(self.frozen_features):
                 if spec in labels:
                     result = evaluate(model, self.x_test, self.y_test, self.cfg.eval_batch_size)
                     out.update({label: result for label in labels[spec]})
@@ -304,6 +308,8 @@ class Simulation:
         if self.start_round >= cfg.rounds and self.final_files_ok():
             unlock_run_dir(self.run_dir)
             return self.summary()
+        if self.frozen_features is not None:
+            self.frozen_features.prepare(self.eval_models.module(spec) for spec in self.method.eval_specs().values())
         last_checkpoint = time.monotonic()
         bar = tqdm(range(self.start_round + 1, cfg.rounds + 1), initial=self.start_round, total=cfg.rounds,
                    desc=f"{cfg.method}", unit="round", disable=not progress, dynamic_ncols=True)

@@ -49,6 +49,9 @@ class Options(MutualKD):
         super().check(cfg)
         if not 0 < self.ree_ema <= 1:
             raise HetflError(f"ree_ema must be in (0, 1], got {self.ree_ema}")
+        if self.modulation and cfg.cache_frozen_features:
+            raise HetflError("cache_frozen_features keeps what the frozen layers compute, which ReeFL's modulation "
+                             "changes: use it with --modulation false, or drop it")
 
 
 class ReeFL(Method):

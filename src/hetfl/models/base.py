@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .frozen_features import FrozenKey, frozen_summaries
+
 
 @dataclass(frozen=True)
 class ArchSpec:
@@ -48,6 +50,10 @@ def norm2d(channels: int, norm: str) -> nn.Module:
 
 class MultiExitModel(nn.Module):
     """A stem, blocks run one at a time, and exits; ``forward`` returns the logits of every exit it reaches."""
+
+    # set by a pretrained builder when nothing before an exit trains: its exits' summaries may be read from a
+    # store instead of running the blocks (models.frozen_features)
+    frozen_key: FrozenKey | None = None
 
     def __init__(self, stem: nn.Module, blocks: list[nn.Module], exits: list[nn.Module], exit_after: tuple[int, ...],
                  pad_id: int | None = None):
@@ -112,6 +118,10 @@ class MultiExitModel(nn.Module):
         next block (and block ``b``'s exits) read: the place where a method acts between blocks
         (ReeFL writes Ree's output into the token summary there).
         """
+        if between is None:
+            summaries = frozen_summaries(self, x, {self.exit_after[i] for i in self.active})
+            if summaries is not None:
+                return [self.exits[i].head(summaries[self.exit_after[i]]) for i in self.active]
         inputs = self.exit_inputs(x)
         return [self.exits[i](h, **inputs) for b, h in self.hidden(x, between)
                 for i in self.active if self.exit_after[i] == b]

@@ -39,6 +39,7 @@ from torch import nn
 from ..errors import HetflError
 from .base import MultiExitModel, scaled
 from .finetune import Bottleneck, apply_finetune
+from .frozen_features import FrozenKey
 from .registry import FamilyEntry, register_family
 from .vit import ClsExit
 
@@ -169,7 +170,8 @@ class MeanExit(ClsExit):
 def build_minilm(input_shape, num_classes, *, width, depth, norm, exit_after: tuple[int, ...] | None = None,
                  finetune: str = "full", adapter_rank: int = 32) -> MultiExitModel:
     """The pretrained encoder cut to ``depth`` layers at ``width``, exits after ``exit_after``, set up for ``finetune``."""
-    config, weights = load_pretrained(str(pretrained_dir()))
+    folder = str(pretrained_dir())
+    config, weights = load_pretrained(folder)
     layers, heads, dim = config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]
     depth = layers if depth is None else depth
     exit_after = tuple(range(layers)) if exit_after is None else exit_after
@@ -189,7 +191,10 @@ def build_minilm(input_shape, num_classes, *, width, depth, norm, exit_after: tu
     apply_finetune([stem, *blocks], blocks, finetune, adapter_rank)
     kept = tuple(e for e in exit_after if e < depth)
     # pad tokens are masked out of every layer's attention (MultiExitModel.block_inputs)
-    return MultiExitModel(stem, blocks, [MeanExit(d, num_classes) for _ in kept], kept, config.get("pad_token_id") or 0)
+    model = MultiExitModel(stem, blocks, [MeanExit(d, num_classes) for _ in kept], kept, config.get("pad_token_id") or 0)
+    if finetune == "frozen":
+        model.frozen_key = FrozenKey(folder, width, MeanExit)
+    return model
 
 
 def num_layers() -> int:

@@ -38,6 +38,7 @@ from torch import nn
 
 from ..errors import HetflError
 from .base import MultiExitModel
+from .frozen_features import frozen_summaries
 from .vit import ClsExit
 
 HEAD_KINDS = ("exits", "ree", "ree-cls", "ree-unmodulated")
@@ -96,6 +97,7 @@ class ReeModel(MultiExitModel):
         super().__init__(backbone.stem, list(backbone.blocks), [nn.Identity() for _ in exits], backbone.exit_after,
                          backbone.pad_id)
         self.modulate = modulate
+        self.frozen_key = backbone.frozen_key
         self.read_out = type(exits[0])  # the summary token z^l: the class token (ViT), the token mean (MiniLM)
         # where Eq. (4) writes m_l^l: in place of the summary (default), or into the class token alone ("ree-cls")
         self.write_in = ClsExit if into_cls else self.read_out
@@ -109,16 +111,26 @@ class ReeModel(MultiExitModel):
         history: list[torch.Tensor] = []
         logits: list[torch.Tensor] = []
 
-        def ree_step(b: int, h: torch.Tensor) -> torch.Tensor:
-            if between is not None:
-                h = between(b, h)
-            z = self.read_out.pool(h, mask)
+        def ree(b: int, z: torch.Tensor) -> torch.Tensor:
             history.append(z)
             m = self.ree(torch.stack(history, dim=1))  # Eq. (2)
             if b in exit_blocks:
                 logits.append(self.head(m[:, 0] + z))  # Eq. (3)
+            return m
+
+        def ree_step(b: int, h: torch.Tensor) -> torch.Tensor:
+            if between is not None:
+                h = between(b, h)
+            z = self.read_out.pool(h, mask)
+            m = ree(b, z)
             return self.write_in.replace(h, m[:, -1], mask, current=z) if self.modulate else h  # Eq. (4)
 
-        for _ in self.hidden(x, ree_step):
-            pass
+        # without modulation the blocks read what they would without Ree: a frozen backbone's summaries may be stored
+        stored = None if self.modulate or between is not None else frozen_summaries(self, x, range(self.depth))
+        if stored is not None:
+            for b in range(self.depth):
+                ree(b, stored[b])
+        else:
+            for _ in self.hidden(x, ree_step):
+                pass
         return logits

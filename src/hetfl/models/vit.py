@@ -74,7 +74,11 @@ class ClsExit(nn.Module):
         self.fc = nn.Linear(dim, num_classes)
 
     def forward(self, h, mask=None):
-        return self.fc(self.norm(self.pool(h, mask)))
+        return self.head(self.pool(h, mask))
+
+    def head(self, summary: torch.Tensor) -> torch.Tensor:
+        """(B, D) summary -> (B, classes) logits."""
+        return self.fc(self.norm(summary))
 
     @staticmethod
     def pool(h: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
