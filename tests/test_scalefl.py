@@ -124,3 +124,13 @@ def test_scalefl_bad_input():
                                        "budget_ratios": [0.0001, 0.25, 0.5, 1.0]}), (1, 28, 28), 10)
     with pytest.raises(HetflError, match="method 'scalefl' cuts its sub-models by 2d, not by scaling 'depth'"):
         build_method(config_from({"method": "scalefl", "scaling": "depth"}), (1, 28, 28), 10)
+
+
+def test_exit_every_is_not_used_by_2d_scaling_and_says_so(capsys):
+    """A table gives every method the same exit_every; ScaleFL keeps an exit at each level's cut (Alg. 1)."""
+    method = build_method(config_from({"method": "scalefl", "model": "preresnet20", "dataset": "cifar10",
+                                       "exit_every": 1}), (3, 32, 32), 10)
+    cuts = tuple(sorted({s.depth - 1 for s in method.splits}))
+    assert method.family.arch.exit_after == cuts and len(cuts) < method.family.arch.num_blocks
+    warning = capsys.readouterr().err
+    assert "--exit-every 1" in warning and "is not used" in warning and f"{[c + 1 for c in cuts]}" in warning

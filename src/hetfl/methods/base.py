@@ -25,7 +25,7 @@ from ..aggregation import MaskedMean, ServerState, make_server_optimizer
 from ..client import ModelCache, Update, build_model, describe_family
 from ..costs import measure, width_memory
 from ..devices import Budget, describe_budget, fit_largest, fits, level_budgets, width_budgets
-from ..errors import HetflError
+from ..errors import HetflError, warn
 from ..losses import ensemble_logits
 from ..models import ModelFamily, model_family
 from ..models.base import federated_state
@@ -59,7 +59,15 @@ class Method:
             self.splits = split_search(family.with_exits(tuple(range(family.arch.num_blocks))),
                                        cfg.level_budget_ratios, cfg.level_split_epsilons, cfg.split_cost,
                                        cfg.split_nested)
-            family = family.with_exits(tuple(sorted({s.depth - 1 for s in self.splits})))
+            cuts = tuple(sorted({s.depth - 1 for s in self.splits}))
+            # not an error: a bench gives every method of a table the same exit_every, and ScaleFL choosing its own
+            # exits is how ReeFL's comparison runs it (ReeFL Sec. 4.1: "apart from ScaleFL which selects where to
+            # place the exits")
+            if cfg.exit_every and family.arch.exit_after != cuts:
+                warn(f"2d scaling places the exits after the levels' depth cuts (ScaleFL Alg. 1), here after blocks "
+                     f"{[c + 1 for c in cuts]}; --exit-every {cfg.exit_every} (after blocks "
+                     f"{[e + 1 for e in family.arch.exit_after]}) is not used")
+            family = family.with_exits(cuts)
         self.family = family
         self.num_levels = num_levels
         self.device = torch.device(device)
