@@ -308,8 +308,10 @@ class Simulation:
         if self.start_round >= cfg.rounds and self.final_files_ok():
             unlock_run_dir(self.run_dir)
             return self.summary()
-        if self.frozen_features is not None:
+        if self.frozen_features is not None:  # its time is the run's (none where an earlier run filled it)
+            started = time.perf_counter()
             self.frozen_features.prepare(self.eval_models.module(spec) for spec in self.method.eval_specs().values())
+            self.elapsed += time.perf_counter() - started
         last_checkpoint = time.monotonic()
         bar = tqdm(range(self.start_round + 1, cfg.rounds + 1), initial=self.start_round, total=cfg.rounds,
                    desc=f"{cfg.method}", unit="round", disable=not progress, dynamic_ncols=True)
