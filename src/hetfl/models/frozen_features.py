@@ -67,16 +67,24 @@ class FrozenFeatures:
 
     @torch.no_grad()
     def fill(self, model, key: FrozenKey, deepest: int) -> None:
-        """Compute the summaries after blocks 0..``deepest`` of every document with ``model``'s backbone."""
-        parts: list[list[torch.Tensor]] = [[] for _ in range(deepest + 1)]
-        for chunk in self.documents.split(CHUNK):
+        """Compute the summaries after blocks 0..``deepest`` of every document with ``model``'s backbone.
+
+        Each chunk's summaries are copied into tensors allocated at the first chunk: kept as a list of
+        small tensors, they pinned the heap between the chunks' large temporaries, and the resident memory
+        grew by about 120 MB per chunk (4.9 GB for R8) instead of staying under 1 GB.
+        """
+        filled: dict[int, torch.Tensor] = {}
+        for start in range(0, len(self.documents), CHUNK):
+            chunk = self.documents[start:start + CHUNK]
             mask, inputs = model.token_mask(chunk), model.block_inputs(chunk)
             h = model.stem(chunk)
             for b in range(deepest + 1):
                 h = model.blocks[b](h, **inputs)
-                parts[b].append(key.read_out.pool(h, mask))
-        for b, pieces in enumerate(parts):
-            self.summaries[key, b] = torch.cat(pieces)
+                z = key.read_out.pool(h, mask)
+                if b not in filled:
+                    filled[b] = z.new_empty(len(self.documents), z.shape[1])
+                filled[b][start:start + len(chunk)] = z
+        self.summaries.update({(key, b): z for b, z in filled.items()})
         self.fills += 1
 
     def prepare(self, models) -> None:
