@@ -76,14 +76,14 @@ class FrozenFeatures:
         filled: dict[int, torch.Tensor] = {}
         for start in range(0, len(self.documents), CHUNK):
             chunk = self.documents[start:start + CHUNK]
-            mask, inputs = model.token_mask(chunk), model.block_inputs(chunk)
-            h = model.stem(chunk)
-            for b in range(deepest + 1):
-                h = model.blocks[b](h, **inputs)
+            mask = model.token_mask(chunk)
+            for b, h in model.hidden(chunk):  # the blocks as the model runs them, no hook between
                 z = key.read_out.pool(h, mask)
                 if b not in filled:
                     filled[b] = z.new_empty(len(self.documents), z.shape[1])
                 filled[b][start:start + len(chunk)] = z
+                if b == deepest:
+                    break
         self.summaries.update({(key, b): z for b, z in filled.items()})
         self.fills += 1
 
