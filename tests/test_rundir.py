@@ -10,8 +10,8 @@ import torch
 
 from hetfl.checkpoint import has_checkpoint, recover_checkpoint
 from hetfl.errors import HetflError
-from hetfl.rundir import (append_jsonl, atomic_write_json, check_location, lock_run_dir, read_jsonl,
-                          unlock_run_dir, write_jsonl)
+from hetfl.rundir import (_write_then_rename, append_jsonl, atomic_write_json, atomic_write_text, check_location,
+                          lock_run_dir, read_jsonl, unlock_run_dir, write_jsonl)
 
 
 def test_jsonl_drops_only_a_partial_last_line(tmp_path):
@@ -31,6 +31,33 @@ def test_atomic_writes_leave_no_temporary_file(tmp_path):
     write_jsonl(tmp_path / "m.jsonl", [{"a": 1}])
     atomic_write_json(tmp_path / "s.json", {"b": 2})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.jsonl", "s.json"]
+
+
+def test_atomic_writes_of_one_file_do_not_collide(tmp_path):
+    """Bench processes that finish together all write summaries.json: a write that starts while another is
+    between its write and its rename (nested here, so the interleaving is certain) must not take its file."""
+    path = tmp_path / "summaries.json"
+
+    def write_while_another_writes(tmp):
+        tmp.write_text("outer\n")
+        atomic_write_text(path, "inner\n")  # written and renamed before the outer write's rename
+
+    _write_then_rename(path, write_while_another_writes)
+    assert path.read_text() == "outer\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["summaries.json"]
+
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_no_temporary_one(tmp_path):
+    path = tmp_path / "s.json"
+    atomic_write_text(path, "old\n")
+
+    def fail(tmp):
+        tmp.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        _write_then_rename(path, fail)
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["s.json"]
 
 
 def test_check_location(tmp_path):

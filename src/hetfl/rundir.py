@@ -15,11 +15,13 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import shutil
 import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -47,13 +49,21 @@ def crash_point(name: str) -> None:
 
 
 # ---- atomic writes ------------------------------------------------------------------------
+_writes = itertools.count()
+
+
 def _write_then_rename(path: Path, write) -> None:
-    """Returns None; ``write(tmp)`` to a temporary file next to ``path``, then renames it onto ``path``."""
+    """Returns None; ``write(tmp)`` to a temporary file next to ``path``, then renames it onto ``path``. The
+    temporary name is this write's own (process, thread, count): bench processes that finish together all
+    write the same summaries.json, and a shared name let one rename the file another was still writing."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    crash_point(f"write:{path.name}")
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{next(_writes)}.tmp")
+    try:
+        write(tmp)
+        crash_point(f"write:{path.name}")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write leaves no temporary file behind
 
 
 def atomic_write_text(path: Path, text: str) -> None:

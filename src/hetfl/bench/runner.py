@@ -247,7 +247,7 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
                         *(f"--{k} {v}" for k, v in (overrides or {}).items())])
     report = bench_report(preset, results, command, models=options.get("models", False) or costs is not None,
                           costs=costs, missing=missing)
-    (out_dir / "table.md").write_text(report)
+    atomic_write_text(out_dir / "table.md", report)
     print(report)
     return out_dir
 
