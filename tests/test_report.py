@@ -5,12 +5,12 @@ import math
 
 import pytest
 
-from hetfl.bench.runner import config_key, load_preset, preset_configs, preset_names, run_bench
+from hetfl.bench.runner import config_key, load_preset, preset_configs, preset_names, run_bench, same_run
 from hetfl.cli import DATASET_SHAPES
 from hetfl.errors import HetflError
 from hetfl.methods import build_method
-from hetfl.report import (_comparisons, bench_table, check_claim, metric_values, models_table, seed_cell, t_pvalue,
-                          welch_test)
+from hetfl.report import (_comparisons, bench_table, check_claim, devices_note, metric_values, models_table, seed_cell,
+                          t_pvalue, welch_test)
 
 
 def summary(acc, exit1, best_round=10, headline="last", rounds_to_target=None, target=0.0):
@@ -328,3 +328,20 @@ def test_exits_mean_by_depth_reads_each_exit_from_the_global_model_or_the_sub_mo
     multi_exit = {"final": {"global": {"exit1": 0.80, "exit2": 0.90, "ensemble": 0.88}, "level1": {"exit1": 0.70}}}
     assert metric_value(multi_exit, "exits_mean_by_depth") == pytest.approx(0.85)  # the global model's own exits
     assert metric_value({"final": {"global": {"ensemble": 0.5}}}, "exits_mean_by_depth") is None
+
+
+def test_a_runs_name_leaves_out_the_device_it_computes_on():
+    """Runs on an H100 and on this CPU gave the same evaluations (docs/results/reefl-20ng-cpu): one name for
+    both, and the name every run had before the device left it (a CPU run's, committed with reefl-20ng)."""
+    _, preset = load_preset("reefl-20ng")
+    (label, seed, cpu), = [c for c in preset_configs(preset, {}, [0]) if c[0] == "ExclusiveFL (frozen)"]
+    (_, _, cuda), = [c for c in preset_configs(preset, {"device": "cuda"}, [0]) if c[0] == label]
+    assert cuda.device == "cuda" and config_key(cpu) == config_key(cuda) == "d68591a82e"
+    assert same_run(cpu, cuda) and not same_run(cpu, cpu.replace(lr=0.1))
+
+
+def test_the_report_says_which_devices_its_runs_computed_on():
+    on = lambda device: {**summary(0.9, 0.5), "seed": 0, **({"device": device} if device else {})}
+    assert devices_note({"A": [on(None), on("cpu")]}) == ""  # a summary without the field is a CPU run's
+    note = devices_note({"A": [on("cuda"), on("cuda")], "B": [on(None)]})
+    assert note.startswith("Runs computed on cpu (1), cuda (2): ")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 
 
 def _exit_columns(evaluations: list[dict]) -> list[str]:
@@ -465,5 +466,17 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
                  "evaluation, \"accuracy\" the final one; \"last-third gain\" what the final accuracy gained over "
                  f"the last third of the rounds: a run has plateaued when it is below {100 * PLATEAU_GAIN:g} point; "
                  "traffic is the mean over rounds of the bytes sent to clients.")
+    parts.append(devices_note(results))
     parts.append(f"Regenerate: `{command}`")
     return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def devices_note(results: dict[str, list[dict]]) -> str:
+    """Which devices the runs computed on, unless all on the CPU (a summary without the field is a CPU run's:
+    every run before the field was one); empty then."""
+    counts = Counter(s.get("device", "cpu") for runs in results.values() for s in runs)
+    if set(counts) <= {"cpu"}:
+        return ""
+    return ("Runs computed on " + ", ".join(f"{device} ({n})" for device, n in sorted(counts.items()))
+            + ": the device is no part of a run's name or values (`bench/runner.py`, `NAMED_ON_DEVICE`), so a "
+            "table can gather runs made on several; wall times compare on one device only.")

@@ -392,7 +392,7 @@ class Simulation:
             **_memory_summary(self.history),
             "bytes_down_per_round": sum(r["bytes_down"] for r in self.history) / n,
             "bytes_up_per_round": sum(r["bytes_up"] for r in self.history) / n,
-            "wall_seconds": self.elapsed, "run_dir": str(self.run_dir),
+            "wall_seconds": self.elapsed, "device": self.cfg.device, "run_dir": str(self.run_dir),
         }
 
 

@@ -112,10 +112,18 @@ def _claim_problem(claim: dict, labels: list[str]) -> str | None:
 NOT_THE_RUN = ("out", "name", "target_accuracy", "checkpoint_seconds", "round_timeout")
 
 
+# The device a run computes on does not define it either: reefl-20ng's runs on this CPU and on an H100 gave
+# the same evaluations, document for document (docs/results/reefl-20ng-cpu), as runs on different thread
+# counts do. It was hashed before that was known, always at its default: every run is named as if on it, so the
+# folders named then keep their names and a table can gather runs made on any device (each summary says which).
+NAMED_ON_DEVICE = "cpu"
+
+
 def run_values(cfg: Config) -> dict:
-    """Everything that defines the run's results (not where it is written or what is reported); an option
-    added later is in it only when set (``Config.to_dict``), so earlier runs keep their folders."""
-    return {k: v for k, v in cfg.to_dict().items() if k not in NOT_THE_RUN}
+    """Everything that defines the run's results (not where it is written, what is reported or the device it
+    computes on); an option added later is in it only when set (``Config.to_dict``), so earlier runs keep their
+    folders."""
+    return {**{k: v for k, v in cfg.to_dict().items() if k not in NOT_THE_RUN}, "device": NAMED_ON_DEVICE}
 
 
 def config_key(cfg: Config) -> str:
