@@ -341,7 +341,9 @@ def test_a_runs_name_leaves_out_the_device_it_computes_on():
 
 
 def test_the_report_says_which_devices_its_runs_computed_on():
-    on = lambda device: {**summary(0.9, 0.5), "seed": 0, **({"device": device} if device else {})}
+    def on(device):
+        return {**summary(0.9, 0.5), "seed": 0, **({"device": device} if device else {})}
+
     assert devices_note({"A": [on(None), on("cpu")]}) == ""  # a summary without the field is a CPU run's
     note = devices_note({"A": [on("cuda"), on("cuda")], "B": [on(None)]})
     assert note.startswith("Runs computed on cpu (1), cuda (2): ")
