@@ -24,8 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from finished_run import load_finished
-from hetfl.slicing import extract
+from finished_run import global_model, load_finished
 
 
 def summaries(model, x: torch.Tensor, block: int, chunk: int = 512) -> torch.Tensor:
@@ -65,10 +64,9 @@ def main() -> None:
     train = torch.randperm(len(sim.x_train), generator=g)[:args.train_docs]
     test = torch.randperm(len(sim.x_test), generator=g)[:args.test_docs]
     y_train, y_test = sim.y_train[train], sim.y_test[test]
-    spec = sim.method.eval_specs()["global"]
     result = {"run": args.run_dir.name, "train_docs": len(train), "test_docs": len(test)}
     for name, params in (("pretrained", pretrained), ("final", sim.state.params)):
-        model = sim.eval_models.loaded(spec, extract(params, sim.eval_models.shapes(spec), spec)).eval()
+        model = global_model(sim, params).eval()
         block = model.exit_after[-1]
         f_train, f_test = summaries(model, sim.x_train[train], block), summaries(model, sim.x_test[test], block)
         with torch.no_grad():

@@ -19,11 +19,16 @@ def load_finished(run_dir: Path) -> Simulation:
     return sim
 
 
+def global_model(sim: Simulation, params: dict):
+    """The module of the global model's sub-model (its "global" evaluation spec) holding ``params``."""
+    spec = sim.method.eval_specs()["global"]
+    return sim.eval_models.loaded(spec, extract(params, sim.eval_models.shapes(spec), spec))
+
+
 def test_predictions(sim: Simulation, params: dict, exit_number: int = -1) -> torch.Tensor:
     """The class each test image gets from the 1-based exit ``exit_number`` (default: the last) of the global
     model's sub-model loaded with ``params``, with static BN as the run evaluated it."""
-    spec = sim.method.eval_specs()["global"]
-    model = sim.eval_models.loaded(spec, extract(params, sim.eval_models.shapes(spec), spec))
+    model = global_model(sim, params)
     index = exit_number - 1 if exit_number > 0 else exit_number
     with sim._statistics(model), torch.no_grad():
         return torch.cat([model(sim.x_test[i:i + 1000])[index] for i in range(0, len(sim.x_test), 1000)]).argmax(1)
