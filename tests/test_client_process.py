@@ -11,7 +11,7 @@ import torch
 from hetfl.client import client_update
 from hetfl.sim import Simulation
 from hetfl.task import Task
-from hetfl.train import ClientData
+from hetfl.trainers.schedule import ClientData
 
 # the server side, and what a client on a device has no use for (the dataset registry, the experiment config)
 SERVER_SIDE = ("hetfl.methods", "hetfl.aggregation", "hetfl.sim", "hetfl.splits", "hetfl.bench", "hetfl.data",
@@ -22,7 +22,7 @@ import json, sys
 import torch
 from hetfl.client import client_update
 from hetfl.task import Task
-from hetfl.train import ClientData
+from hetfl.trainers.schedule import ClientData
 
 folder = sys.argv[1]
 task = Task.from_json(open(f"{folder}/task.json").read())

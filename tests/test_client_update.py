@@ -9,7 +9,7 @@ from hetfl.methods.alllarge import AllLarge
 from hetfl.models import ArchSpec, ModelFamily, MultiExitModel
 from hetfl.slicing import SubModel, extract
 from hetfl.client import client_update
-from hetfl.train import ClientData
+from hetfl.trainers.schedule import ClientData
 
 
 def linear_builder(input_shape, num_classes, *, width, depth, norm):
@@ -96,7 +96,7 @@ def test_feddyn_pull_acts_from_the_second_step():
 def replay_sgd(method, spec, w0, d, lr, pull):
     """Plain SGD by hand over the client's batch order (batches of 3), gradient + pull(name, param)."""
     from hetfl.seeding import torch_generator
-    from hetfl.train import batches
+    from hetfl.trainers.schedule import batches
 
     model = method.family.build(depth=spec.depth)
     model.load_state_dict(w0)
@@ -135,19 +135,17 @@ def test_train_exits_last_holds_and_trains_only_the_last_exit():
 
 
 def test_gradient_clipping_by_norm_and_by_value_by_hand():
-    """One SGD step at lr 1 on loss = 10 * sum(w * x): the gradient is 10 * x, clipped as configured."""
-    from hetfl.train import TrainOptions, local_sgd
+    """One SGD step at lr 1 from w = 0 on loss = 10 * sum(w * x): the gradient is 10 * x, clipped as configured."""
+    from hetfl.task import TrainOptions
+    from hetfl.trainers.step import sgd_update
 
-    x = torch.tensor([[3.0, -0.5, 0.0, 4.0]])
-    data = ClientData(x, torch.zeros(1, dtype=torch.long), torch.tensor([0]))
-    loss = lambda model, xb, yb: 10 * (model.weight * xb).sum()  # noqa: E731
+    x = torch.tensor([3.0, -0.5, 0.0, 4.0])
 
     def step(**clip):
-        model = nn.Linear(4, 1, bias=False)
-        nn.init.zeros_(model.weight)
-        local_sgd(model, data, loss, TrainOptions(batch_size=1, momentum=0.0, weight_decay=0.0, **clip), 1.0,
-                  torch.Generator().manual_seed(0))
-        return -model.weight.detach()[0]  # the applied gradient
+        w = torch.zeros(4, requires_grad=True)
+        grad, = torch.autograd.grad(10 * (w * x).sum(), w)
+        (new,), _ = sgd_update([w.detach()], [grad], None, TrainOptions(momentum=0.0, weight_decay=0.0, **clip), 1.0)
+        return -new  # the applied gradient
 
     g = torch.tensor([30.0, -5.0, 0.0, 40.0])
     assert torch.equal(step(), g)

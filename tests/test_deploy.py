@@ -137,18 +137,19 @@ def node_configs(n: int, root, extra: dict) -> dict[int, dict]:
 
 @pytest.fixture
 def deployment(tiny_cfg, tmp_path, monkeypatch):
-    """A Deployment of ``tiny_cfg(**changes)`` over an in-process grid of one node per client."""
+    """A Flower experiment (``deployment.deployment``) of ``tiny_cfg(**changes)`` over an in-process grid of one node
+    per client."""
     pytest.importorskip("flwr")
     from flwr.supercore.task_identity import TaskIdentity
 
-    from hetfl.flower.deployment import Deployment
+    from hetfl.flower.deployment import deployment as flower_deployment
 
     for key in ("_task_id", "_run_id", "_node_id"):  # what Flower sets in a ServerApp process, and Message reads
         monkeypatch.setattr(TaskIdentity, key, 1)
 
     def make(extra=None, **changes):
         cfg = tiny_cfg(round_timeout=5, **changes)
-        return Deployment(cfg, InProcessGrid(node_configs(cfg.num_clients, tmp_path, extra or {})))
+        return flower_deployment(cfg, InProcessGrid(node_configs(cfg.num_clients, tmp_path, extra or {})))
 
     return make
 
@@ -166,12 +167,12 @@ def test_flower_rounds_equal_the_simulators_and_resume_exactly(deployment, tiny_
 
     stopped = deployment(name="stopped", **cfg_changes)
     stopped.run(stop_after=3)  # checkpoint after round 2; round 3's own states stay on the nodes
-    from hetfl.flower.deployment import Deployment
+    from hetfl.flower.deployment import resume_deployment
     from hetfl.rundir import unlock_run_dir
 
     unlock_run_dir(stopped.run_dir)
-    resumed = Deployment.resume(stopped.run_dir, grid=stopped.grid)
-    assert resumed.start_round == 2 and resumed.state_rounds
+    resumed = resume_deployment(stopped.run_dir, stopped.executor.grid)
+    assert resumed.start_round == 2 and resumed.executor.state_rounds
     resumed.run()
     for k, v in want.global_state.items():
         assert torch.equal(v, resumed.global_state[k]), k
@@ -180,11 +181,11 @@ def test_flower_rounds_equal_the_simulators_and_resume_exactly(deployment, tiny_
 def test_nodes_state_their_budgets_and_silent_or_lying_nodes_are_missing_or_rejected(deployment, capsys):
     run = deployment(extra={0: {"level": 1}, 1: {"level": 4}, 2: {"corrupt": "spec"}, 3: {"memory-bytes": 1}},
                      method="depthfl", client_fraction=1.0, rounds=2)
-    run.grid.silent.add(104)  # client 4's node never answers
+    run.executor.grid.silent.add(104)  # client 4's node never answers
     run.run()
-    assert run.budgets[0] == Budget(level=1) and run.budgets[1] == Budget(level=4)
+    assert run.executor.budgets[0] == Budget(level=1) and run.executor.budgets[1] == Budget(level=4)
     assert run.method.plan(0, run.budget(0, 1), 1).depth == run.method.level_spec(1).depth  # a weak node: small
-    assert 3 not in run.nodes and 4 not in run.nodes  # a budget below every sub-model; no answer to "who are you"
+    assert 3 not in run.executor.nodes and 4 not in run.executor.nodes  # a budget below every sub-model; no answer to "who are you"
     err = capsys.readouterr().err
     assert "smaller than the smallest" in err and "did not say who it is" in err
     for r in run.history:
@@ -203,20 +204,20 @@ def test_a_node_with_its_own_data_files_takes_the_first_free_client(deployment, 
     np.savez(own, x_train=digits.x_train[:40].numpy(), y_train=digits.y_train[:40].numpy(),
              x_test=digits.x_test[:10].numpy(), y_test=digits.y_test[:10].numpy())
     run = deployment(method="alllarge", client_fraction=1.0, rounds=1)
-    del run.grid.configs[100]  # client 0's node is replaced by one with its own files and no partition-id
-    run.grid.configs[300] = {"data-path": str(own), "state-dir": str(tmp_path / "own-node")}
+    del run.executor.grid.configs[100]  # client 0's node is replaced by one with its own files and no partition-id
+    run.executor.grid.configs[300] = {"data-path": str(own), "state-dir": str(tmp_path / "own-node")}
     run.run()
-    assert run.nodes[0] == 300
+    assert run.executor.nodes[0] == 300
     assert run.history[0]["clients"] == 20 and not run.history[0]["missing"]
 
 
 def test_a_restarted_node_serves_its_client_again(deployment):
     run = deployment(method="alllarge", client_fraction=1.0, rounds=1)
     run.run()
-    assert run.nodes[5] == 105
-    run.grid.configs[205] = run.grid.configs.pop(105)  # node 105 died; its client came back as node 205
-    run.discover()
-    assert run.nodes[5] == 205
+    assert run.executor.nodes[5] == 105
+    run.executor.grid.configs[205] = run.executor.grid.configs.pop(105)  # node 105 died; its client came back as node 205
+    run.executor.discover()
+    assert run.executor.nodes[5] == 205
 
 
 # ---- the command, without Flower processes ----------------------------------------------------------------------

@@ -113,7 +113,7 @@ def test_depthfl_client_update_equals_the_written_out_objective():
     from hetfl.methods.depthfl import DepthFL
     from hetfl.seeding import torch_generator
     from hetfl.client import client_update
-    from hetfl.train import ClientData, batches
+    from hetfl.trainers.schedule import ClientData, batches
 
     fam = _linear_family()
     alpha, lr, wd = 0.1, 0.1, 1e-3

@@ -6,7 +6,7 @@ import torch
 from hetfl.client import client_update
 from hetfl.methods import METHODS
 from hetfl.slicing import corner
-from hetfl.train import ClientData
+from hetfl.trainers.schedule import ClientData
 
 # momentum distillation needs blocks of one shape; Ree a class token; FeDepth blocks that fit a 1/6-width budget
 OPTIONS = {"inclusivefl": {"model": "vit"}, "reefl": {"model": "vit"}, "reefl-nokd": {"model": "vit"},

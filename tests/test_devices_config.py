@@ -58,7 +58,7 @@ def test_flags_are_coerced_and_checked():
 def test_batches_cover_every_sample_once_and_never_end_with_a_single_sample():
     import torch
 
-    from hetfl.train import batches
+    from hetfl.trainers.schedule import batches
 
     for n in (1, 16, 17, 33, 40):
         parts = batches(n, 16, torch.Generator().manual_seed(0))

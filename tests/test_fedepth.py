@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hetfl.blockwise import feature_shapes, group_parameters, skip_connection, train_blockwise, trained_prefixes
+from hetfl.trainers.blockwise import feature_shapes, group_parameters, skip_connection, train_blockwise, trained_prefixes
 from hetfl.costs import group_memory, random_batch, width_memory
 from hetfl.errors import HetflError
 from hetfl.losses import deep_mutual_learning
@@ -13,7 +13,8 @@ from hetfl.methods import build_method, config_from
 from hetfl.methods.fedepth import decompose
 from hetfl.models import model_family
 from hetfl.task import Blockwise, Task
-from hetfl.train import ClientData, TrainOptions
+from hetfl.task import TrainOptions
+from hetfl.trainers.schedule import ClientData
 
 FAMILY = model_family("preresnet20", (1, 8, 8), 10, width=0.25, exit_after=(8,))
 AUX = model_family("preresnet20", (1, 8, 8), 10, width=0.25, exit_after=tuple(range(9)))
@@ -237,7 +238,7 @@ def test_bad_fedepth_configs_are_one_line_errors(changes, fragment):
 
 
 def test_no_batch_exceeds_the_batch_size_where_the_budget_is_measured():
-    from hetfl.train import batches
+    from hetfl.trainers.schedule import batches
 
     g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
     merged = batches(17, 8, g())

@@ -5,7 +5,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetfl.aggregation import FedAvgServer, MaskedMean, ServerState
-from hetfl.client import attach_scaler, make_loss
+from hetfl.models.cache import attach_scaler
+from hetfl.trainers.objectives import objective_for
 from hetfl.methods import config_from
 from hetfl.evaluate import static_batchnorm
 from hetfl.methods.heterofl import HeteroFL, SHeteroFL
@@ -129,7 +130,7 @@ def test_sheterofl_loss_adds_every_smaller_width_on_shared_slices():
     spec = method.width_spec(0.5)
     model = method.models.loaded(spec, extract(g, method.models.shapes(spec)))
     x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
-    loss = make_loss(method.recipe(spec, 1), method.models)(model, x, y)
+    loss, _ = objective_for(method.recipe(spec, 1), method.models)(model, dict(model.named_parameters()), x, y, None)
     small = method.models.loaded(method.width_spec(0.25), extract(g, method.models.shapes(method.width_spec(0.25))))
     expected = F.cross_entropy(model(x)[0], y) + F.cross_entropy(small(x)[0], y)
     assert torch.allclose(loss, expected, atol=1e-6)

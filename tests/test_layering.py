@@ -62,7 +62,10 @@ def test_config_sits_below_the_methods_and_engines():
 
 def test_the_client_side_imports_no_server_code():
     edges = graph(top_level_only=False)
-    for side in ("hetfl.client", "hetfl.task", "hetfl.train", "hetfl.blockwise", "hetfl.memory"):
+    client_side = ("hetfl.client", "hetfl.task", "hetfl.recipes", "hetfl.updates", "hetfl.memory", "hetfl.models.cache",
+                   "hetfl.trainers", "hetfl.trainers.sgd", "hetfl.trainers.blockwise", "hetfl.trainers.objectives",
+                   "hetfl.trainers.schedule", "hetfl.trainers.step")
+    for side in client_side:
         below = reachable(side, edges)
         server = ("hetfl.methods", "hetfl.aggregation", "hetfl.sim", "hetfl.bench", "hetfl.cli", "hetfl.config",
                   "hetfl.data", "hetfl.splits", "hetfl.devices", "hetfl.costs")

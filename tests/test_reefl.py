@@ -7,13 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hetfl.client import describe_family, make_loss
-from hetfl.losses import RunningCE, best_exit_kd
+from hetfl.models.cache import describe_family
+from hetfl.trainers.objectives import objective_for
+from hetfl.losses import best_exit_kd, running_ce
 from hetfl.methods import config_from
 from hetfl.models import model_family
 from hetfl.models.base import federated_state
 from hetfl.models.minilm import MeanExit
-from hetfl.task import LossRecipe
+from hetfl.recipes import BestExit
 from tinybert import WORDS, tiny_bert, tiny_bert_dir  # noqa: F401  (fixtures)
 
 L = 8
@@ -105,13 +106,15 @@ def test_modulation_replaces_the_summary_token_the_next_block_reads(tiny_bert):
 
 
 def test_teacher_is_the_exit_of_lowest_running_ce_worked_by_hand():
-    running = RunningCE(zeta=0.2)
-    assert running.update(torch.tensor([1.0, 0.5])) == 1  # estimate [0.2, 0.1]
-    assert running.update(torch.tensor([0.0, 2.0])) == 0  # 0.8 [0.2, 0.1] + 0.2 [0, 2] = [0.16, 0.48]
-    torch.testing.assert_close(running.value, torch.tensor([0.16, 0.48]))
+    value = running_ce(None, torch.tensor([1.0, 0.5]), 0.2)
+    assert int(value.argmin()) == 1  # estimate [0.2, 0.1]
+    value = running_ce(value, torch.tensor([0.0, 2.0]), 0.2)
+    assert int(value.argmin()) == 0  # 0.8 [0.2, 0.1] + 0.2 [0, 2] = [0.16, 0.48]
+    torch.testing.assert_close(value, torch.tensor([0.16, 0.48]))
     # 0.8 [0.16, 0.48] + 0.2 [0.8, 0] = [0.288, 0.384]: this batch alone would pick exit 1, the estimate keeps 0
-    assert running.update(torch.tensor([0.8, 0.0])) == 0
-    torch.testing.assert_close(running.value, torch.tensor([0.288, 0.384]))
+    value = running_ce(value, torch.tensor([0.8, 0.0]), 0.2)
+    assert int(value.argmin()) == 0
+    torch.testing.assert_close(value, torch.tensor([0.288, 0.384]))
 
 
 def test_best_exit_kl_goes_from_the_detached_teacher_to_the_students_by_hand():
@@ -135,13 +138,15 @@ def test_best_exit_kl_goes_from_the_detached_teacher_to_the_students_by_hand():
 def test_the_loss_picks_the_teacher_by_running_ce_and_adds_eta_kl(tiny_bert):
     model = ree_model(finetune="frozen").train()
     x, y = tokens(4), torch.tensor([0, 1, 2, 0])
-    loss = make_loss(LossRecipe("best_exit", kd_weight=0.5, ema=0.2), None)
+    objective = objective_for(BestExit(kd_weight=0.5, ema=0.2), None)
     with torch.no_grad():
         logits = model(x)
         ce = torch.stack([F.cross_entropy(z, y) for z in logits])
         teacher = int(ce.argmin())
         expected = ce.sum() + 0.5 * best_exit_kd(logits, teacher)
-        assert loss(model, x, y).item() == pytest.approx(expected.item(), rel=1e-6)
+        loss, carry = objective(model, {}, x, y, None)
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+        assert int(carry.argmin()) == teacher
 
 
 def test_reefl_runs_federated_on_text_and_sends_only_ree_head_and_adapters(tiny_bert, tmp_path, monkeypatch):

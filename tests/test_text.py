@@ -6,13 +6,15 @@ import hashlib
 import pytest
 import torch
 
-from hetfl.client import ModelCache, client_update, describe_family
+from hetfl.client import client_update
+from hetfl.models.cache import ModelCache, describe_family
 from hetfl.data import text
 from hetfl.models import FINETUNE_MODES, model_family
 from hetfl.models.base import federated_state
 from hetfl.slicing import SubModel, state_bytes
-from hetfl.task import LossRecipe, Task
-from hetfl.train import ClientData, TrainOptions
+from hetfl.recipes import ExitsCE
+from hetfl.task import Task, TrainOptions
+from hetfl.trainers.schedule import ClientData
 from tinybert import WORDS, tiny_bert, tiny_bert_dir  # noqa: F401  (fixtures)
 
 pytest.importorskip("peft")
@@ -60,7 +62,7 @@ def test_only_trainable_tensors_travel_and_the_backbone_stays_bit_identical(tiny
     g = torch.Generator().manual_seed(1)
     x = torch.randint(5, 5 + len(WORDS), (12, L), generator=g)
     data = ClientData(x, torch.randint(0, 3, (12,), generator=g), torch.arange(12))
-    task = Task(spec=spec, family=describe_family(family), loss=LossRecipe(), lr=0.5, round=1, client=0, seed=0,
+    task = Task(spec=spec, family=describe_family(family), loss=ExitsCE(), lr=0.5, round=1, client=0, seed=0,
                 train=TrainOptions(batch_size=4, momentum=0.9, weight_decay=1e-2))
     update, _ = client_update(local, task, data, models=models)
     assert set(update.state) == set(local)  # only trainable tensors are sent back

@@ -9,19 +9,19 @@ import json
 import pytest
 import torch
 
-import hetfl.sim
+import hetfl.client
 from hetfl.client import Update
 from hetfl.faults import CORRUPTIONS, corrupt
 from hetfl.sim import Simulation
 from hetfl.slicing import SubModel
-from hetfl.task import FamilySpec, LossRecipe, Task
-from hetfl.train import TrainOptions
+from hetfl.recipes import ExitsCE
+from hetfl.task import FamilySpec, Task, TrainOptions
 from hetfl.updates import check_update
 
 
 def test_check_update_reasons():
     spec = SubModel(depth=2)
-    task = Task(spec=spec, family=FamilySpec("cnn", (1, 8, 8), 10), loss=LossRecipe(), train=TrainOptions(), lr=0.1,
+    task = Task(spec=spec, family=FamilySpec("cnn", (1, 8, 8), 10), loss=ExitsCE(), train=TrainOptions(), lr=0.1,
                 round=1, client=7, seed=0)
     sent = {"w": torch.zeros(2, 3), "n": torch.tensor(4)}
 
@@ -45,7 +45,7 @@ def test_check_update_reasons():
 @pytest.mark.parametrize("kind", CORRUPTIONS)
 def test_every_injected_corruption_is_rejected(kind):
     spec = SubModel(depth=2)
-    task = Task(spec=spec, family=FamilySpec("cnn", (1, 8, 8), 10), loss=LossRecipe(), train=TrainOptions(), lr=0.1,
+    task = Task(spec=spec, family=FamilySpec("cnn", (1, 8, 8), 10), loss=ExitsCE(), train=TrainOptions(), lr=0.1,
                 round=1, client=7, seed=0)
     sent = {"w": torch.zeros(2, 3), "b": torch.zeros(3)}
     update = Update(client=7, spec=spec, state=dict(sent), num_samples=5)
@@ -73,7 +73,7 @@ def test_bad_updates_are_dropped_counted_and_warned_once(tiny_cfg, capsys, monke
     cfg = tiny_cfg(rounds=2, client_fraction=1.0, name="bad")  # every client takes part in both rounds
     sim = Simulation(cfg)
     nan_client, shape_client = 3, 11
-    honest = hetfl.sim.client_update
+    honest = hetfl.client.client_update
 
     def client_update(local, task, data, own=None, models=None):
         update, own = honest(local, task, data, own, models)
@@ -85,7 +85,7 @@ def test_bad_updates_are_dropped_counted_and_warned_once(tiny_cfg, capsys, monke
             state[name] = state[name][:1]
         return dataclasses.replace(update, state=state), own
 
-    monkeypatch.setattr(hetfl.sim, "client_update", client_update)
+    monkeypatch.setattr(hetfl.client, "client_update", client_update)
     sim.run(progress=False)
     assert all(torch.isfinite(t).all() for t in sim.global_state.values() if t.is_floating_point())
     records = [json.loads(line) for line in (sim.run_dir / "metrics.jsonl").read_text().splitlines()]

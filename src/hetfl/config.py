@@ -29,6 +29,8 @@ from .rundir import check_location
 from .slicing import SCALINGS, TRAIN_EXITS
 
 LR_SCHEDULES = ("constant", "step", "cosine", "exponential")
+# how the simulator trains a round's clients (executors): auto = batched on CUDA, sequential elsewhere
+EXECUTORS = ("auto", "sequential", "batched")
 
 
 @dataclass
@@ -137,6 +139,7 @@ class Config:
     checkpoint_seconds: float = opt(300.0, "also checkpoint after a round once this many seconds passed since the "
                                     "last checkpoint, so a kill loses at most that much work (0 = by rounds only)")
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:1, ...")
+    executor: str = opt("auto", "how the simulator trains a round's clients: one after another (sequential), or those that share a sub-model and a step schedule stacked under torch.func.vmap (batched; for accelerators); auto: batched on CUDA, sequential elsewhere", EXECUTORS, added_later=True)
     out: str = opt("runs", "folder where run folders are created")
     name: str = opt("", "run folder name (default: method-dataset-seed-timestamp)")
     # the method's own options, by name (declared and validated by the method: ``methods.config_from``)

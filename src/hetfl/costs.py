@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from .blockwise import feature_shapes, frozen_prefix, group_parameters, group_step
-from .client import build_model
+from .trainers.blockwise import feature_shapes, frozen_prefix, group_parameters, group_step
+from .models.cache import build_model
 from .memory import SavedTensors, parameter_bytes, step_bytes
 from .models import ModelFamily
 from .models.base import federated_state

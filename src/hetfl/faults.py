@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .client import Update
+from .updates import Update
 from .seeding import rng_for
 from .slicing import SubModel
 

@@ -73,35 +73,31 @@ def per_exit_ce(logits: list[torch.Tensor], target: torch.Tensor) -> torch.Tenso
     return torch.stack([F.cross_entropy(z, target) for z in logits])
 
 
-def best_exit_kd(logits: list[torch.Tensor], teacher: int, tau: float = 1.0) -> torch.Tensor:
+def best_exit_kd(logits: list[torch.Tensor], teacher: int | torch.Tensor, tau: float = 1.0) -> torch.Tensor:
     """ReeFL Eq. (6): sum over exits e != teacher of tau^2 KL(p_teacher^tau || p_e^tau), the teacher detached.
 
     The KL is averaged over the batch (the 1/N_i of Eq. (6)); the teacher's own term is zero, and so
-    is the whole term for a single exit.
+    is the whole term for a single exit. ``teacher`` may be a tensor (chosen on the device without a
+    synchronisation, and per client under ``vmap``): its own term is then multiplied by zero, which
+    leaves the sum bit-identical.
     """
-    log_teacher = F.log_softmax(logits[teacher].detach() / tau, dim=1)
-    total = logits[teacher].new_zeros(())
+    teacher = torch.as_tensor(teacher, device=logits[0].device)
+    chosen = torch.stack(logits).index_select(0, teacher.reshape(1))[0]
+    log_teacher = F.log_softmax(chosen.detach() / tau, dim=1)
+    total = logits[0].new_zeros(())
     for e, z in enumerate(logits):
-        if e != teacher:
-            total = total + F.kl_div(F.log_softmax(z / tau, dim=1), log_teacher, reduction="batchmean",
-                                     log_target=True)
+        kl = F.kl_div(F.log_softmax(z / tau, dim=1), log_teacher, reduction="batchmean", log_target=True)
+        total = total + (teacher != e) * kl
     return tau**2 * total
 
 
-class RunningCE:
+def running_ce(value: torch.Tensor | None, ce: torch.Tensor, zeta: float) -> torch.Tensor:
     """ReeFL Sec. 3.2's running estimate of each exit's training CE on one client: L <- (1 - zeta) L + zeta L_new.
 
-    It starts at zero with each client update (a new round; the authors' code resets it per round),
-    so the first teacher is the exit of lowest CE on the first batch. The teacher is chosen after
-    the current batch's CE is folded in; ties go to the shallower exit.
+    It starts (``value`` None) at zero with each client update (a new round; the authors' code
+    resets it per round), so the first teacher is the exit of lowest CE on the first batch. The
+    teacher, ``argmin`` of the returned estimate, is chosen after the current batch's CE (n,) is
+    folded in; ties go to the shallower exit.
     """
-
-    def __init__(self, zeta: float):
-        self.zeta = zeta
-        self.value: torch.Tensor | None = None
-
-    def update(self, ce: torch.Tensor) -> int:
-        """Fold a batch's per-exit CEs (n,) into the estimate; returns the teacher: the exit of lowest estimate."""
-        ce = ce.detach()
-        self.value = self.zeta * ce if self.value is None else (1 - self.zeta) * self.value + self.zeta * ce
-        return int(torch.argmin(self.value))
+    ce = ce.detach()
+    return zeta * ce if value is None else (1 - zeta) * value + zeta * ce

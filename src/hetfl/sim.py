@@ -5,18 +5,18 @@ run folder exists; a run folder therefore always belongs to a run that started. 
 streams client updates into the method's aggregation, so server memory is one global model plus
 one running sum whatever the number of clients.
 
-A round is engine-neutral except for one step: ``train`` takes the round's jobs (client, task,
-local tensors) and returns each client's reply, here by calling ``client_update`` in this
-process. Another engine (``hetfl.flower``) overrides ``train`` to reach its clients over the
-network and inherits everything else: sampling, planning, the checks on replies, aggregation,
-evaluation, checkpoints and resume.
+A round is engine-neutral except for one part: the executor (``executors``) takes the round's
+jobs (client, task, local tensors) and returns each client's reply, in job order: in this process
+one client after another (``sequential``) or stacked (``batched``), or over the network
+(``flower.deployment``). The round loop composes it with everything else: sampling, planning, the
+checks on replies, aggregation, evaluation, checkpoints and resume. No engine subclasses it.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -26,23 +26,24 @@ from tqdm import tqdm
 
 from .checkpoint import ClientStateStore, load_checkpoint, save_checkpoint
 from .aggregation import ServerState
-from .client import ModelCache, Update, client_update
 from .config import Config
 from .data import load_dataset, partition, split_train_test
 from .devices import Budget, Scenario
 from .errors import HetflError, warn
 from .evaluate import evaluate, static_batchnorm
-from .faults import corrupt, corruption_for, pick
+from .executors import Executor, Job, LocalClients
+from .executors.batched import BatchedExecutor
+from .executors.faults import FaultInjection
+from .executors.sequential import SequentialExecutor
 from .methods import build_method, load_config
+from .models.cache import ModelCache
 from .models.frozen_features import features_of, serving
 from .report import headline_accuracy, rounds_to_target
 from .rundir import (append_jsonl, atomic_torch_save, atomic_write_json, create_run_dir, crash_point, lock_run_dir,
                      read_jsonl, readable_json_file, readable_torch_file, remove_tree, unlock_run_dir,
                      warn_partial_line, write_jsonl)
 from .seeding import rng_for, torch_generator
-from .slicing import State, SubModel, extract, state_bytes
-from .task import Task
-from .train import ClientData
+from .slicing import SubModel, extract, state_bytes
 from .updates import check_update, warn_dropped
 
 
@@ -68,25 +69,6 @@ class RoundLog:
     memory: dict[str, dict] | None = None
 
 
-@dataclass(frozen=True)
-class Job:
-    """One client's work in a round: its task and the local tensors cut for it."""
-
-    client: int
-    task: Task
-    local: State
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What a client sent back for a job: an update to check, or why there is none (both None: no reply)."""
-
-    update: Update | None = None
-    problem: str | None = None  # it replied, but not with an update (an error, unreadable content)
-    # makes the client's new own state (FedDyn's g_k) the one it keeps; called only if the update is aggregated
-    keep: Callable[[], None] | None = None
-
-
 def resolve_device(name: str) -> torch.device:
     """The torch device called ``name``; an error if it is not available here."""
     try:
@@ -98,10 +80,19 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-class Simulation:
-    """One experiment on the embedded engine: set up (validating everything), then ``run``."""
+ExecutorFactory = Callable[["Simulation"], Executor]
 
-    def __init__(self, cfg: Config):
+
+class Simulation:
+    """One experiment: set up (validating everything), then ``run``.
+
+    ``executor(sim)`` makes the executor of the set-up experiment (default: the config's
+    ``executor`` in this process); ``on_round(sim, record)`` is called after every round is logged
+    and checkpointed (an engine's progress lines).
+    """
+
+    def __init__(self, cfg: Config, executor: ExecutorFactory | None = None,
+                 on_round: Callable[[Simulation, dict], None] | None = None):
         self.cfg = cfg.validate()
         self.device = resolve_device(cfg.device)
         dataset = load_dataset(cfg.dataset, cfg.data_dir or None, cfg.max_length)
@@ -131,6 +122,21 @@ class Simulation:
         self.start_round = 0
         self.history: list[dict] = []
         self.elapsed = 0.0
+        self.on_round = on_round
+        inner = executor(self) if executor else self.local_executor()
+        faulty = cfg.dropout_fraction or cfg.corrupt_fraction
+        self.executor = FaultInjection(inner, cfg.seed, cfg.dropout_fraction, cfg.corrupt_fraction,
+                                       self.sample_clients) if faulty else inner
+
+    def local_executor(self) -> Executor:
+        """The config's in-process executor: batched on request or (auto) on CUDA, else sequential (on a CPU,
+        stacking clients does not pay: ``hetfl bench throughput``)."""
+        choice = self.cfg.executor
+        if choice == "auto":
+            choice = "batched" if self.device.type == "cuda" else "sequential"
+        store = (lambda: self.client_store) if self.method.stateful_clients else None
+        clients = LocalClients(self.x_train, self.y_train, self.parts, self.method.models, store)
+        return BatchedExecutor(clients) if choice == "batched" else SequentialExecutor(clients)
 
     def _who(self, level: int) -> str:
         """The devices of a level, for errors: its first client in round 1, if any."""
@@ -147,9 +153,10 @@ class Simulation:
         return self.run_dir
 
     @classmethod
-    def resume(cls, run_dir: str | Path, **engine) -> Simulation:
-        """The experiment of ``run_dir`` restored at its last checkpoint (``engine``: what a subclass's
-        constructor takes besides the config). A folder holding only its config starts at round 1."""
+    def resume(cls, run_dir: str | Path, executor: ExecutorFactory | None = None,
+               on_round: Callable[[Simulation, dict], None] | None = None) -> Simulation:
+        """The experiment of ``run_dir`` restored at its last checkpoint (``executor``, ``on_round``: as for the
+        constructor). A folder holding only its config starts at round 1."""
         run_dir = Path(run_dir)
         config_path = run_dir / "config.json"
         if not run_dir.is_dir() or not config_path.exists():
@@ -158,7 +165,7 @@ class Simulation:
         cfg = load_config(config_path)
         payload = load_checkpoint(run_dir, cfg)
         history, partial = read_jsonl(run_dir / "metrics.jsonl")
-        sim = cls(cfg, **engine)
+        sim = cls(cfg, executor, on_round)
         sim.run_dir = run_dir
         if payload is None:  # killed before its first checkpoint: every round is seeded, so start again
             if history or partial:
@@ -172,7 +179,7 @@ class Simulation:
             sim.start_round = int(payload["round"])
             sim.elapsed = float(payload["elapsed"])
             sim.client_store.restore(payload["client_state_dir"])
-            sim.restore(payload)
+            sim.executor.restore(payload)
         if partial:
             warn_partial_line(run_dir / "metrics.jsonl", f"resuming after round {sim.start_round}")
         sim.history = [r for r in history if r["round"] <= sim.start_round]
@@ -197,8 +204,9 @@ class Simulation:
         return sorted(rng.choice(self.cfg.num_clients, self.cfg.clients_per_round, replace=False).tolist())
 
     def budget(self, client: int, round_index: int) -> Budget:
-        """The budget of ``client`` at ``round_index`` (the scenario's)."""
-        return self.scenario.budget(client, round_index)
+        """The budget of ``client`` at ``round_index``: the one it states (through the executor), else the
+        scenario's."""
+        return self.executor.budget(client, round_index) or self.scenario.budget(client, round_index)
 
     def jobs(self, round_index: int) -> Iterator[Job]:
         """The jobs of the sampled clients that take part this round, in client order, cut one at a time."""
@@ -207,36 +215,19 @@ class Simulation:
             if planned is not None:
                 yield Job(client, *planned)
 
-    def train(self, jobs: Iterable[Job], log: RoundLog) -> Iterator[tuple[Job, Reply]]:
-        """Each job with its client's reply, in job order: ``client_update`` in this process, one client at a
-        time; the seeded ``dropout_fraction`` of the sampled clients sends nothing, and the seeded
-        ``corrupt_fraction`` of the others sends a corrupted update."""
-        cfg, round_index = self.cfg, log.round
-        store = self.client_store if self.method.stateful_clients else None
-        sampled = self.sample_clients(round_index)
-        dropouts = pick(sampled, cfg.dropout_fraction, cfg.seed, "dropout", round_index)
-        corrupted = pick([c for c in sampled if c not in dropouts], cfg.corrupt_fraction, cfg.seed, "corrupt",
-                         round_index)
-        for job in jobs:
-            if job.client in dropouts:
-                yield job, Reply()
-                continue
-            data = ClientData(self.x_train, self.y_train, self.parts[job.client])
-            own = store.load(job.client, self.device) if store else None
-            update, own = client_update(job.local, job.task, data, own, models=self.method.models)
-            if job.client in corrupted:
-                update = corrupt(update, corruption_for(cfg.seed, round_index, job.client))
-            # a client may have no state of its own (yet): nothing to keep
-            keep = (lambda client=job.client, own=own: store.save(client, own)) if store and own is not None else None
-            yield job, Reply(update, keep=keep)
-
     def run_round(self, round_index: int) -> RoundLog:
         """Train the sampled clients and aggregate the updates that pass the checks into the global state."""
         log = RoundLog(round=round_index, lr=self.cfg.lr_at(round_index))
         losses = []
 
+        if self.executor.wire:
+            log.wire_bytes_down = log.wire_bytes_up = 0
+
         def updates():
-            for job, reply in self.train(self.jobs(round_index), log):
+            for job, reply in self.executor.execute(self.jobs(round_index), round_index):
+                if self.executor.wire:
+                    log.wire_bytes_down += reply.wire_bytes_down
+                    log.wire_bytes_up += reply.wire_bytes_up
                 if reply.update is None and reply.problem is None:
                     log.missing.append(job.client)
                     continue
@@ -308,6 +299,8 @@ class Simulation:
         if self.start_round >= cfg.rounds and self.final_files_ok():
             unlock_run_dir(self.run_dir)
             return self.summary()
+        if self.start_round < cfg.rounds:
+            self.executor.prepare()
         if self.frozen_features is not None:  # its time is the run's (none where an earlier run filled it)
             started = time.perf_counter()
             self.frozen_features.prepare(self.eval_models.module(spec) for spec in self.method.eval_specs().values())
@@ -330,7 +323,8 @@ class Simulation:
                 self.save_checkpoint(t)
                 last_checkpoint = time.monotonic()
             bar.set_postfix(_postfix(self.history, self.headline), refresh=False)
-            self.round_done(record)
+            if self.on_round:
+                self.on_round(self, record)
             if stop_after is not None and t >= stop_after:
                 bar.close()
                 return {}
@@ -354,21 +348,12 @@ class Simulation:
         run_dir = self.run_dir
         return readable_torch_file(run_dir / "final_model.pt") and readable_json_file(run_dir / "summary.json")
 
-    def round_done(self, record: dict) -> None:
-        """Returns None; called after each round is logged and checkpointed (an engine reports progress here)."""
-
     def save_checkpoint(self, round_index: int) -> None:
         """Checkpoint the state after ``round_index``."""
         payload = {"config": self.cfg.to_dict(), "round": round_index, "elapsed": self.elapsed,
-                   "state": self.state.to_dict(), **self.engine_state()}
+                   "state": self.state.to_dict(), **self.executor.state()}
         save_checkpoint(self.run_dir, payload, self.client_store)
-
-    def engine_state(self) -> dict:
-        """What the engine itself must checkpoint besides the server state (nothing here)."""
-        return {}
-
-    def restore(self, payload: dict) -> None:
-        """Returns None; restores ``engine_state`` from a checkpoint's payload (nothing here)."""
+        self.executor.checkpointed()
 
     def headline(self, evaluation: dict) -> float:
         """The headline accuracy: the global model's ensemble or last exit, as the method infers."""
@@ -392,7 +377,8 @@ class Simulation:
             **_memory_summary(self.history),
             "bytes_down_per_round": sum(r["bytes_down"] for r in self.history) / n,
             "bytes_up_per_round": sum(r["bytes_up"] for r in self.history) / n,
-            "wall_seconds": self.elapsed, "device": self.cfg.device, "run_dir": str(self.run_dir),
+            "wall_seconds": self.elapsed, "device": self.cfg.device, "executor": self.executor.name,
+            "run_dir": str(self.run_dir),
         }
 
 

@@ -12,15 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from .recipes import Recipe, recipe_from_dict, recipe_to_dict
 from .slicing import SubModel
-from .train import TrainOptions
 
-TRAINERS = ("sgd", "blockwise")  # local SGD on the whole sub-model; FeDepth's block groups one after another
 BLOCKWISE_HEADS = ("skip", "aux")  # how a block group reaches a classifier: skip connection to the head, or its own
-# exits_ce: sum of CE over the held exits (+ kd_weight x DepthFL Eq. (1)'s mutual KD);
-# last_teacher: ScaleFL Eq. (5); slimmable: CE of the own width + every width in ``smaller`` (SHeteroFL);
-# best_exit: ReeFL Eq. (5)-(6), CE over the exits + kd_weight x KD from the exit of lowest running CE
-LOSS_KINDS = ("exits_ce", "last_teacher", "slimmable", "best_exit")
 
 
 @dataclass(frozen=True)
@@ -39,20 +34,19 @@ class FamilySpec:
 
 
 @dataclass(frozen=True)
-class LossRecipe:
-    """The local loss: its kind (``LOSS_KINDS``) and its weights at this round."""
+class TrainOptions:
+    """Local optimisation settings shared by every client."""
 
-    kind: str = "exits_ce"
-    kd_weight: float = 0.0  # exits_ce: weight of the mutual KD among exits (DepthFL Eq. (1)); best_exit: eta
-    beta: float = 0.0  # last_teacher: KD weight beta (ScaleFL Eq. (5))
-    tau: float = 1.0  # last_teacher, best_exit: temperature tau
-    normaliser: str = "sum"  # last_teacher: divide by sum_i i ("sum") or by n ("last")
-    ema: float = 0.2  # best_exit: weight zeta of a new batch in the running CE per exit (ReeFL Sec. 3.2)
-    smaller: tuple[SubModel, ...] = ()  # slimmable: the smaller-width sub-models trained on shared slices
-
-    def __post_init__(self):
-        if self.kind not in LOSS_KINDS:
-            raise ValueError(f"loss kind '{self.kind}' is unknown; one of {', '.join(LOSS_KINDS)}")
+    epochs: int = 1
+    batch_size: int = 32
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    clip_grad: float = 0.0  # max global L2 norm of the gradient; 0 = no clipping
+    clip_value: float = 0.0  # max |element| of the gradient (after the L2 clip, if both); 0 = no clipping
+    crop_padding: int = 0
+    flip: bool = False
+    prox_mu: float = 0.0
+    feddyn_alpha: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -85,13 +79,13 @@ class Task:
 
     spec: SubModel
     family: FamilySpec
-    loss: LossRecipe
+    loss: Recipe
     train: TrainOptions
     lr: float
     round: int
     client: int
     seed: int
-    trainer: str = "sgd"
+    trainer: str = "sgd"  # trainers.TRAINERS: "sgd" (the whole sub-model) or "blockwise" (FeDepth's block groups)
     scaler: bool = False  # HeteroFL's Scaler on sub-models narrower than the global model
     blockwise: Blockwise | None = None  # trainer "blockwise": the block groups and how to train them
     # global shapes of the client's persistent state tensors (FedDyn's g_k), by global name; None: no state
@@ -99,18 +93,16 @@ class Task:
 
     def to_json(self) -> str:
         """The task as a JSON string."""
-        return json.dumps(asdict(self))
+        return json.dumps({**asdict(self), "loss": recipe_to_dict(self.loss)})
 
     @classmethod
     def from_json(cls, text: str) -> Task:
         """The task serialised by ``to_json``."""
         d = json.loads(text)
-        loss = dict(d["loss"])
-        loss["smaller"] = tuple(SubModel.from_dict(s) for s in loss["smaller"])
         family = dict(d["family"])
         family["input_shape"], family["exit_after"] = tuple(family["input_shape"]), tuple(family["exit_after"])
         shapes, blockwise = d.get("state_shapes"), d.get("blockwise")
-        return cls(spec=SubModel.from_dict(d["spec"]), family=FamilySpec(**family), loss=LossRecipe(**loss),
+        return cls(spec=SubModel.from_dict(d["spec"]), family=FamilySpec(**family), loss=recipe_from_dict(d["loss"]),
                    train=TrainOptions(**d["train"]), lr=d["lr"], round=d["round"], client=d["client"],
                    seed=d["seed"], trainer=d["trainer"], scaler=d["scaler"],
                    blockwise=None if blockwise is None else Blockwise.from_dict(blockwise),

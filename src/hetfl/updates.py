@@ -1,4 +1,5 @@
-"""Checks on client updates before they reach aggregation: one bad client must not poison the global model.
+"""What a client sends back (``Update``), and the checks on it before it reaches aggregation: one bad client must
+not poison the global model.
 
 The same check runs in every engine (the simulator, Flower's ServerApp). A rejected update is
 counted in the round log (``dropped``, and ``rejected``: client -> reason) and warned about once
@@ -7,12 +8,25 @@ per client and run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from .client import Update
 from .errors import warn
-from .slicing import State
+from .slicing import State, SubModel
 from .task import Task
+
+
+@dataclass
+class Update:
+    """What a client sends back: tensors in local shape, its spec, its sample count and metrics."""
+
+    client: int
+    spec: SubModel
+    state: State
+    num_samples: int
+    metrics: dict = field(default_factory=dict)
+
 
 _warned: set[tuple[str, int]] = set()  # (run folder, client) already warned about
 

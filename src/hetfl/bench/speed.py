@@ -21,7 +21,7 @@ from ..config import Config
 from ..evaluate import STATS_CHUNK
 from ..seeding import torch_generator
 from ..sim import Simulation
-from ..train import batches
+from ..trainers.schedule import batches
 
 
 def speed_config(rounds: int, device: str, dataset: str = "fmnist") -> Config:

@@ -1,6 +1,6 @@
 """The Flower engine: hetfl's rounds over a Flower SuperLink and SuperNodes (needs ``pip install 'hetfl[flower]'``).
 
-* ``server_app``: the ServerApp; ``deployment.Deployment`` runs the simulator's rounds with every
+* ``server_app``: the ServerApp; ``deployment.deployment`` runs the simulator's rounds with every
   client on a SuperNode, reached through Flower's Grid (server side).
 * ``client_app``: the ClientApp; it runs ``client.client_update`` on the node's own data with its
   own state on its own disk (``node``); it imports nothing from the server side.

@@ -1,11 +1,11 @@
 """The Flower engine's server side: the simulator's rounds, with every client on a SuperNode reached through a Grid.
 
-``Deployment`` is a ``sim.Simulation`` whose ``train`` step sends each sampled client its own
+``FlowerExecutor`` is the executor (``executors``) that sends each sampled client its own
 ``train`` message (its task and its local tensors only) and waits for the replies until
-``round_timeout``; a client that has not replied by then is missing. Everything else is the
-simulator's: sampling, planning, the checks on every update (``updates.check_update``),
-aggregation in client order (so the result is bit-identical to ``hetfl run``), evaluation,
-checkpoints, resume and the run folder.
+``round_timeout``; a client that has not replied by then is missing. ``deployment`` composes it
+with the simulator's round loop (``sim.Simulation``): sampling, planning, the checks on every
+update (``updates.check_update``), aggregation in client order (so the result is bit-identical to
+``hetfl run``), evaluation, checkpoints, resume and the run folder.
 
 Which node is which client: at the start and before every round, a node that joined is asked
 who it is (a ``query`` message: its node config, ``node.NodeIdentity``); the newest node that
@@ -25,7 +25,8 @@ from flwr.serverapp import Grid
 
 from ..devices import Budget
 from ..errors import HetflError, warn
-from ..sim import Job, Reply, RoundLog, Simulation
+from ..executors import Executor, Job, Reply
+from ..sim import Simulation
 from .identity import NodeIdentity
 from .wire import QUERY, TRAIN, Work, read_reply, wire_bytes, work_content
 
@@ -35,11 +36,24 @@ NO_REPLY = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, 
             ErrorCode.CLIENT_APP_CRASHED)
 
 
-class Deployment(Simulation):
+def deployment(cfg, grid: Grid) -> Simulation:
     """One experiment on Flower: set up like the simulator (validating everything), then ``run``."""
+    return Simulation(cfg, executor=lambda sim: FlowerExecutor(sim, grid), on_round=progress_line)
 
-    def __init__(self, cfg, grid: Grid):
-        super().__init__(cfg)
+
+def resume_deployment(run_dir, grid: Grid) -> Simulation:
+    """The Flower experiment of ``run_dir`` restored at its last checkpoint."""
+    return Simulation.resume(run_dir, executor=lambda sim: FlowerExecutor(sim, grid), on_round=progress_line)
+
+
+class FlowerExecutor(Executor):
+    """Every client on the SuperNode that says it is that client, reached through ``grid``."""
+
+    name = "flower"
+    wire = True
+
+    def __init__(self, sim: Simulation, grid: Grid):
+        self.sim, self.cfg, self.method = sim, sim.cfg, sim.method
         self.grid = grid
         self.nodes: dict[int, int] = {}  # client -> id of the SuperNode that is this client
         self.budgets: dict[int, Budget] = {}  # client -> the budget its node stated
@@ -48,6 +62,10 @@ class Deployment(Simulation):
         self.kept_rounds: dict[int, int] = {}  # the same at the last checkpoint: what a resume starts from
 
     # ---- nodes ---------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Returns None; waits for the nodes (``connect``)."""
+        self.connect()
+
     def connect(self) -> None:
         """Returns None; waits up to ``round_timeout`` for a node per client (at least one node, else HetflError)."""
         cfg = self.cfg
@@ -110,16 +128,16 @@ class Deployment(Simulation):
         elif identity.level is not None:
             if identity.level > cfg.levels:
                 raise HetflError(f"its level {identity.level} is not one of the run's levels 1..{cfg.levels}")
-            physical = self.scenario.level_budgets
+            physical = self.sim.scenario.level_budgets
             budget = physical[identity.level - 1] if physical else Budget(level=identity.level)
         else:
             return None
         method.fit(budget)  # a budget below the smallest sub-model cannot train anything
         return budget
 
-    def budget(self, client: int, round_index: int) -> Budget:
-        """The budget ``client``'s node stated, else the scenario's."""
-        return self.budgets.get(client) or super().budget(client, round_index)
+    def budget(self, client: int, round_index: int) -> Budget | None:
+        """The budget ``client``'s node stated, or None (the scenario's applies)."""
+        return self.budgets.get(client)
 
     # ---- a round ---------------------------------------------------------------------------
     def exchange(self, messages: dict) -> dict:
@@ -138,19 +156,20 @@ class Deployment(Simulation):
                 time.sleep(POLL_SECONDS)
         return replies
 
-    def train(self, jobs, log: RoundLog):
+    def execute(self, jobs, round_index: int):
         """Each job with its node's reply, in job order: one ``train`` message per client that has a node, all
         sent at once; whatever has not replied within ``round_timeout`` is missing."""
         self.discover()
         jobs = list(jobs)
         messages = {job.client: Message(work_content(self.work(job)), self.nodes[job.client], TRAIN,
-                                        ttl=self.cfg.round_timeout, group_id=str(log.round))
+                                        ttl=self.cfg.round_timeout, group_id=str(round_index))
                     for job in jobs if job.client in self.nodes}
-        log.wire_bytes_down = sum(wire_bytes(m.content) for m in messages.values())
         replies = self.exchange(messages)
-        log.wire_bytes_up = sum(wire_bytes(r.content) for r in replies.values() if r.has_content())
         for job in jobs:
-            yield job, self.reply_of(job, replies.get(job.client))
+            message, reply = messages.get(job.client), replies.get(job.client)
+            down = wire_bytes(message.content) if message is not None else 0
+            up = wire_bytes(reply.content) if reply is not None and reply.has_content() else 0
+            yield job, dataclasses.replace(self.reply_of(job, reply), wire_bytes_down=down, wire_bytes_up=up)
 
     def work(self, job: Job) -> Work:
         """What the job's node needs: the task, the local tensors, the data and which own state to start from."""
@@ -159,7 +178,7 @@ class Deployment(Simulation):
                 "alpha": cfg.alpha, "classes_per_client": cfg.classes_per_client,
                 "min_client_size": cfg.min_client_size, "client_test_fraction": cfg.client_test_fraction,
                 "seed": cfg.seed}
-        run = hashlib.sha256(str(self.run_dir.resolve()).encode()).hexdigest()[:16]
+        run = hashlib.sha256(str(self.sim.run_dir.resolve()).encode()).hexdigest()[:16]
         return Work(job.task, job.local, data, run, self.state_rounds.get(job.client, 0),
                     self.kept_rounds.get(job.client, 0))
 
@@ -181,41 +200,35 @@ class Deployment(Simulation):
             keep = lambda client=job.client, t=job.task.round: self.state_rounds.__setitem__(client, t)  # noqa: E731
         return Reply(update, keep=keep)
 
-    # ---- checkpoints and progress ------------------------------------------------------------
-    def engine_state(self) -> dict:
+    # ---- checkpoints ---------------------------------------------------------------------
+    def state(self) -> dict:
         """The round of each client's own state on its node, which a resume starts from."""
         return {"state_rounds": dict(self.state_rounds)}
 
     def restore(self, payload: dict) -> None:
-        """Returns None; restores ``engine_state``."""
+        """Returns None; restores ``state``."""
         self.state_rounds = dict(payload.get("state_rounds", {}))
         self.kept_rounds = dict(self.state_rounds)
 
-    def save_checkpoint(self, round_index: int) -> None:
-        """Checkpoint, then let the nodes forget the own states no resume can need any more."""
-        super().save_checkpoint(round_index)
+    def checkpointed(self) -> None:
+        """Returns None; lets the nodes forget the own states no resume can need any more."""
         self.kept_rounds = dict(self.state_rounds)
 
-    def run(self, progress: bool = False, stop_after: int | None = None) -> dict:
-        """Wait for the nodes, then run the remaining rounds; returns the summary."""
-        if self.start_round < self.cfg.rounds:
-            self.connect()
-        return super().run(progress, stop_after)
 
-    def round_done(self, record: dict) -> None:
-        """Returns None; prints one line of progress (``hetfl deploy`` and ``flwr run --stream`` show it)."""
-        n = record["clients"]
-        parts = [f"hetfl: round {record['round']}/{self.cfg.rounds}: {n} update{'' if n == 1 else 's'} aggregated"]
-        if record["train_loss"] is not None:
-            parts.append(f"loss {record['train_loss']:.4f}")
-        if record["eval"]:
-            parts.append(f"accuracy {self.headline(record['eval']):.4f}")
-        if record["missing"]:
-            parts.append(f"missing {record['missing']}")
-        if record["rejected"]:
-            parts.append(f"rejected {sorted(map(int, record['rejected']))}")
-        parts.append(f"{record['wire_bytes_down']} B down, {record['wire_bytes_up']} B up")
-        print(", ".join(parts), flush=True)
+def progress_line(sim: Simulation, record: dict) -> None:
+    """Returns None; prints one line of progress (``hetfl deploy`` and ``flwr run --stream`` show it)."""
+    n = record["clients"]
+    parts = [f"hetfl: round {record['round']}/{sim.cfg.rounds}: {n} update{'' if n == 1 else 's'} aggregated"]
+    if record["train_loss"] is not None:
+        parts.append(f"loss {record['train_loss']:.4f}")
+    if record["eval"]:
+        parts.append(f"accuracy {sim.headline(record['eval']):.4f}")
+    if record["missing"]:
+        parts.append(f"missing {record['missing']}")
+    if record["rejected"]:
+        parts.append(f"rejected {sorted(map(int, record['rejected']))}")
+    parts.append(f"{record['wire_bytes_down']} B down, {record['wire_bytes_up']} B up")
+    print(", ".join(parts), flush=True)
 
 
 def identity_of(message: Message | None) -> NodeIdentity:

@@ -19,7 +19,7 @@ from ..data.datasets import cache_root
 from ..errors import HetflError
 from ..rundir import atomic_torch_save
 from ..slicing import State
-from ..train import ClientData
+from ..trainers.schedule import ClientData
 from .identity import NodeIdentity
 
 

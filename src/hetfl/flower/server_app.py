@@ -1,4 +1,4 @@
-"""hetfl's ServerApp: runs any hetfl method's strategy on Flower through ``deployment.Deployment``.
+"""hetfl's ServerApp: runs any hetfl method's strategy on Flower through ``deployment.deployment``.
 
 Its run config (``flwr run APP --run-config ...``) names either ``config``, a TOML (or JSON) file
 of hetfl options on the SuperLink's machine (a new run folder is created under its ``out``), or
@@ -14,7 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 from ..errors import HetflError
 from ..methods import load_config
 from ..report import run_table
-from .deployment import Deployment
+from .deployment import deployment, resume_deployment
 
 app = ServerApp()
 
@@ -27,8 +27,8 @@ def main(grid: Grid, context: Context) -> None:
         if bool(config) == bool(run_dir):
             raise HetflError("the run config must name either config (a hetfl TOML file) or run-dir (a run folder "
                              f"to continue), got config={config!r} run-dir={run_dir!r}")
-        deployment = Deployment.resume(run_dir, grid=grid) if run_dir else Deployment(load_config(config), grid)
-        summary = deployment.run()
+        experiment = resume_deployment(run_dir, grid) if run_dir else deployment(load_config(config), grid)
+        summary = experiment.run(progress=False)
     except HetflError as e:
         print(f"hetfl: error: {e}", flush=True)
         raise

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from ..client import Update
+from ..updates import Update
 from ..slicing import State, SubModel
 from ..task import Task
 

@@ -22,7 +22,8 @@ from typing import ClassVar
 import torch
 
 from ..aggregation import MaskedMean, ServerState, make_server_optimizer
-from ..client import ModelCache, Update, build_model, describe_family
+from ..models.cache import ModelCache, build_model, describe_family
+from ..updates import Update
 from ..costs import measure, width_memory
 from ..devices import Budget, describe_budget, fit_largest, fits, level_budgets, width_budgets
 from ..errors import HetflError, warn
@@ -30,10 +31,10 @@ from ..losses import ensemble_logits
 from ..models import ModelFamily, model_family
 from ..models.base import federated_state
 from ..options import check_choices, option_fields
+from ..recipes import ExitsCE, Recipe
 from ..slicing import SCALINGS, State, SubModel, extract
 from ..splits import Split, split_search
-from ..task import LossRecipe, Task
-from ..train import TrainOptions
+from ..task import Task, TrainOptions
 from .options import NoOptions
 
 
@@ -251,10 +252,10 @@ class Method:
                     train=self.train_options, lr=self.cfg.lr_at(round_index), round=round_index, client=client,
                     seed=self.cfg.seed, scaler=self.cfg.scaler, state_shapes=state_shapes)
 
-    def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
+    def recipe(self, spec: SubModel, round_index: int) -> Recipe:
         """The local loss of ``spec``'s model: the sum of CEs over the exits it holds (all of its depth, or
         only the last one with ``train_exits=last``)."""
-        return LossRecipe("exits_ce")
+        return ExitsCE()
 
     def aggregate(self, state: ServerState, updates: Iterable[Update]) -> ServerState:
         """Fold updates into a masked mean as they arrive, then take a server-optimizer step."""

@@ -32,7 +32,7 @@ from ..devices import Budget
 from ..errors import HetflError
 from ..options import opt
 from ..slicing import SubModel
-from ..task import LossRecipe
+from ..recipes import ExitsCE
 from .base import Method
 from .options import MutualKD
 
@@ -67,9 +67,9 @@ class DepthFL(Method):
                 return None
             raise
 
-    def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
+    def recipe(self, spec: SubModel, round_index: int) -> ExitsCE:
         """Eq. (1): the CEs of the client's exits + the mutual KD among them, at this round's weight."""
-        return LossRecipe("exits_ce", kd_weight=self.options.kd_weight_at(round_index, self.cfg.rounds))
+        return ExitsCE(kd_weight=self.options.kd_weight_at(round_index, self.cfg.rounds))
 
 
 class DepthFLFedAvg(DepthFL):

@@ -14,7 +14,7 @@ from ..devices import level_counts
 from ..errors import HetflError
 from ..options import opt
 from ..slicing import SubModel
-from ..task import LossRecipe
+from ..recipes import ExitsCE
 from .base import Method
 from .options import MutualKD
 
@@ -59,9 +59,9 @@ class ExclusiveFL(Method):
         """The global level's model for clients that can afford it, None for the others."""
         return self.global_spec() if budget.level >= self.global_level else None
 
-    def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
+    def recipe(self, spec: SubModel, round_index: int) -> ExitsCE:
         """The loss of the method it is compared with: CE over the exits (+ DepthFL Eq. (1)'s mutual KD)."""
-        return LossRecipe("exits_ce", kd_weight=self.options.kd_weight_at(round_index, self.cfg.rounds))
+        return ExitsCE(kd_weight=self.options.kd_weight_at(round_index, self.cfg.rounds))
 
     def eval_specs(self):
         return {"global": self.global_spec()}

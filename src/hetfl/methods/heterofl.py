@@ -16,7 +16,7 @@ parameters (so their gradients land on the shared channels).
 from __future__ import annotations
 
 from ..slicing import SubModel
-from ..task import LossRecipe
+from ..recipes import Slimmable
 from .base import Method
 
 
@@ -45,7 +45,6 @@ class SHeteroFL(HeteroFL):
     name = "sheterofl"
     summary = "HeteroFL where each client also trains every smaller width it can afford (DepthFL Table 3)"
 
-    def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
+    def recipe(self, spec: SubModel, round_index: int) -> Slimmable:
         """CE of the client's width plus the CE of every smaller level width, on shared leading slices."""
-        return LossRecipe("slimmable", smaller=tuple(self.width_spec(w) for w in self.cfg.level_widths
-                                                     if w < spec.width))
+        return Slimmable(smaller=tuple(self.width_spec(w) for w in self.cfg.level_widths if w < spec.width))

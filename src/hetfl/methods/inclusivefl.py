@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..aggregation import MaskedMean, ServerState
-from ..client import Update
+from ..updates import Update
 from ..errors import HetflError
 from ..options import opt
 from ..slicing import State, SubModel, corner, extract

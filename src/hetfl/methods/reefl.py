@@ -29,7 +29,7 @@ from ..errors import HetflError
 from ..models import ModelFamily
 from ..options import opt
 from ..slicing import SubModel
-from ..task import LossRecipe
+from ..recipes import BestExit
 from .base import Method
 from .options import MutualKD
 
@@ -77,10 +77,10 @@ class ReeFL(Method):
         """The blocks up to the deepest exit the client's budget affords, with Ree and the shared classifier."""
         return self.fit(budget)
 
-    def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
+    def recipe(self, spec: SubModel, round_index: int) -> BestExit:
         """Eq. (5)-(6): CE over the client's exits + eta x KD from its best exit, at this round's eta."""
-        return LossRecipe("best_exit", kd_weight=self.options.kd_weight_at(round_index, self.cfg.rounds),
-                          tau=1.0, ema=self.options.ree_ema)
+        return BestExit(kd_weight=self.options.kd_weight_at(round_index, self.cfg.rounds), tau=1.0,
+                        ema=self.options.ree_ema)
 
 
 class ReeFLWithoutKD(ReeFL):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ..errors import HetflError
 from ..options import opt
 from ..slicing import SubModel
-from ..task import LossRecipe
+from ..recipes import LastTeacher
 from .base import Method
 from .options import NoOptions
 
@@ -54,10 +54,10 @@ class ScaleFL(Method):
         """The largest level split the client's budget affords (its level's split)."""
         return self.fit(budget)
 
-    def recipe(self, spec: SubModel, round_index: int) -> LossRecipe:
+    def recipe(self, spec: SubModel, round_index: int) -> LastTeacher:
         """Eq. (5): exits weighted by index, the last exit teaching the earlier ones."""
-        return LossRecipe("last_teacher", beta=self.options.scalefl_beta, tau=self.options.kd_temperature,
-                          normaliser=self.options.scalefl_normaliser)
+        return LastTeacher(beta=self.options.scalefl_beta, tau=self.options.kd_temperature,
+                           normaliser=self.options.scalefl_normaliser)
 
     def eval_specs(self):
         return self.level_eval_specs()

@@ -134,6 +134,12 @@ def serving(features: FrozenFeatures | None) -> Iterator[None]:
         _serving = before
 
 
+def is_serving() -> bool:
+    """Whether frozen models read their summaries from a store now (looked up by the documents' bytes, so not
+    under ``torch.func.vmap``)."""
+    return _serving is not None
+
+
 def frozen_summaries(model: nn.Module, x: torch.Tensor, blocks) -> dict[int, torch.Tensor] | None:
     """The summaries ``model`` would read after ``blocks`` for ``x``, from the features being served, or None."""
     return None if _serving is None else _serving.read(model, x, tuple(blocks))

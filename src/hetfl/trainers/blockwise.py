@@ -40,11 +40,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .losses import deep_mutual_learning
-from .memory import SavedTensors, parameter_bytes, step_bytes
-from .models import MultiExitModel
-from .task import Blockwise
-from .train import ClientData, TrainOptions, local_sgd
+from ..losses import deep_mutual_learning
+from ..memory import SavedTensors, parameter_bytes, step_bytes
+from ..models import MultiExitModel
+from ..models.cache import ModelCache, build_model
+from ..seeding import torch_generator
+from ..slicing import State
+from ..task import Blockwise, Task, TrainOptions
+from ..updates import Update
+from .schedule import ClientData, draw_schedule, step_inputs
+from .step import sgd_update
 
 Group = tuple[int, int]  # (first, last) blocks, 0-based, inclusive
 
@@ -138,7 +143,7 @@ def train_blockwise(models: list[MultiExitModel], plan: Blockwise, data: ClientD
             source = _buffered(models, data, group[0], opts.batch_size)
             buffered = source.x.numel() * source.x.element_size()
 
-        def step_loss(_, x, y):  # called within this iteration: it sees this group's values
+        def step_loss(x, y):
             nonlocal peak
             inputs = ([x[:, m] for m in range(len(models))] if buffered else
                       [x if group[0] == 0 else frozen_prefix(m, x, group[0]) for m in models])
@@ -147,10 +152,7 @@ def train_blockwise(models: list[MultiExitModel], plan: Blockwise, data: ClientD
             return loss
 
         anchor = [start[p] for p in params] if start is not None else None
-        losses.append(local_sgd(models[0], source, step_loss, opts, lr, generator, anchor, params=params,
-                                within_batch_size=True))
-        for p in params:  # a finished group's gradients are no longer needed (and are not counted after it)
-            p.grad = None
+        losses.append(_train_group(params, step_loss, source, opts, lr, generator, anchor))
     return sum(losses) / max(len(losses), 1), peak
 
 
@@ -171,3 +173,58 @@ def trained_prefixes(model: MultiExitModel, plan: Blockwise) -> tuple[str, ...]:
     for first, last in plan.groups:
         prefixes += [f"blocks.{b}." for b in range(first, last + 1)] + [names[id(head_of(model, last, aux))] + "."]
     return tuple(dict.fromkeys(prefixes))
+
+
+def _train_group(params: list[nn.Parameter], step_loss, data: ClientData, opts: TrainOptions, lr: float,
+                 generator: torch.Generator, anchor: list[torch.Tensor] | None) -> float:
+    """Train ``params`` in place on ``step_loss(x, y)`` over ``opts.epochs`` epochs of ``data`` with the shared SGD
+    step (a new subproblem: momentum starts at zero); returns the mean loss per step. No batch exceeds the batch
+    size, so the memory measured at the batch size holds for every step."""
+    schedule = draw_schedule(len(data), opts, generator, within_batch_size=True)
+    momenta, total = None, torch.zeros((), device=data.x.device)
+    for step in schedule:
+        loss = step_loss(*step_inputs(data, step))
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            new, momenta = sgd_update([p.detach() for p in params], grads, momenta, opts, lr, anchor)
+            for p, value in zip(params, new):
+                p.copy_(value)
+        total += loss.detach()
+    return float(total) / max(len(schedule), 1)
+
+
+class BlockwiseTrainer:
+    """``trainer = blockwise``: FeDepth's block groups one after another (not batchable: every client's groups
+    follow its own memory budget, and each step measures its own memory)."""
+
+    name = "blockwise"
+    batchable = False
+
+    def update(self, local: State, task: Task, data: ClientData, client_state: State | None, models: ModelCache
+               ) -> tuple[Update, State | None]:
+        """FeDepth's client update; returns the update of the tensors it trained and its own state.
+
+        m-FeDepth's other M - 1 models live in the client's own state between rounds, under ``peer{m}/``
+        + the global name: a client keeps them across the rounds it takes part in, and starts one from
+        the received global model the first time it has the memory for it (a peer started as a copy
+        only departs from the uploaded model from the client's next round on: within a round the two
+        see the same batches). A client that trains fewer models this round keeps its peers untouched.
+        """
+        plan = task.blockwise
+        model = models.loaded(task.spec, local)
+        peers = []
+        for m in range(1, plan.models):
+            peer = build_model(models.family, task.spec).to(data.x.device)
+            key = f"peer{m}/"
+            peer.load_state_dict({n: (client_state or {}).get(key + n, t) for n, t in local.items()}, strict=True)
+            peers.append(peer)
+        generator = torch_generator(task.seed, "train", task.round, task.client)
+        loss, peak = train_blockwise([model, *peers], plan, data, task.train, task.lr, generator)
+        trained = trained_prefixes(model, plan)
+        new_local = {n: t.detach().clone() for n, t in model.state_dict().items() if n.startswith(trained)}
+        if peers:
+            client_state = dict(client_state or {})
+            client_state.update({f"peer{m}/{n}": t.detach().clone()
+                                 for m, peer in enumerate(peers, start=1) for n, t in peer.state_dict().items()})
+        metrics = {"train_loss": loss, "memory_bytes": peak, "memory_budget": plan.budget_bytes}
+        return Update(task.client, task.spec, new_local, len(data), metrics), client_state

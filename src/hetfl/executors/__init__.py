@@ -1,0 +1,105 @@
+"""Executors: a round's jobs in, each client's reply out, in job order (DESIGN.md, "Performance").
+
+The round loop (``sim.Simulation``) plans the jobs, checks the replies and aggregates them; how the
+clients' work gets done is the executor's: ``sequential`` (one client after another, in this
+process), ``batched`` (clients that share a sub-model and a step schedule stacked under
+``torch.func.vmap``), ``flower`` (every client on a SuperNode: ``flower.deployment``).
+``FaultInjection`` wraps any of them. An executor may also know a client's own budget (a node that
+states it), wait for its clients before the first round, and checkpoint state of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint import ClientStateStore
+from ..devices import Budget
+from ..models.cache import ModelCache
+from ..slicing import State
+from ..task import Task
+from ..trainers.schedule import ClientData
+from ..updates import Update
+
+@dataclass(frozen=True)
+class Job:
+    """One client's work in a round: its task and the local tensors cut for it."""
+
+    client: int
+    task: Task
+    local: State
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a client sent back for a job: an update to check, or why there is none (both None: no reply)."""
+
+    update: Update | None = None
+    problem: str | None = None  # it replied, but not with an update (an error, unreadable content)
+    # makes the client's new own state (FedDyn's g_k) the one it keeps; called only if the update is aggregated
+    keep: Callable[[], None] | None = None
+    wire_bytes_down: int = 0  # bytes of the serialised message sent and received (engines with a wire)
+    wire_bytes_up: int = 0
+
+
+class Executor:
+    """Runs a round's jobs; the hooks have engine-neutral defaults."""
+
+    name = "executor"
+    wire = False  # whether replies count the bytes of a serialised form (RoundLog.wire_bytes_*)
+
+    def execute(self, jobs: Iterable[Job], round_index: int) -> Iterator[tuple[Job, Reply]]:
+        """Each job with its client's reply, in job order."""
+        raise NotImplementedError
+
+    def budget(self, client: int, round_index: int) -> Budget | None:
+        """The budget ``client`` states itself, or None (the scenario's applies)."""
+        return None
+
+    def prepare(self) -> None:
+        """Returns None; called once before the first round this process runs (e.g. wait for the clients)."""
+
+    def state(self) -> dict:
+        """What a checkpoint must keep of the executor (plain values)."""
+        return {}
+
+    def restore(self, payload: dict) -> None:
+        """Returns None; restores ``state`` from a checkpoint's payload."""
+
+    def checkpointed(self) -> None:
+        """Returns None; called after every checkpoint."""
+
+
+@dataclass
+class LocalClients:
+    """Every client of an in-process engine: the dataset's tensors on the device, each client's indices, the
+    reusable sub-model objects, and where each client's own state is kept."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    parts: list[torch.Tensor]
+    models: ModelCache
+    store_of: Callable[[], ClientStateStore] | None = None  # the run's store (its folder exists once the run has)
+
+    @property
+    def store(self) -> ClientStateStore | None:
+        """Each client's own state on disk, or None when the method keeps none."""
+        return self.store_of() if self.store_of else None
+
+    def data(self, client: int) -> ClientData:
+        """``client``'s samples."""
+        return ClientData(self.x, self.y, self.parts[client])
+
+    def own(self, client: int) -> State | None:
+        """``client``'s own persistent state (FedDyn's g_k), None if it has none yet or the method keeps none."""
+        store = self.store
+        return store.load(client, self.x.device) if store else None
+
+    def keeper(self, client: int, own: State | None) -> Callable[[], None] | None:
+        """What keeps ``own`` as ``client``'s state once its update is aggregated (None: nothing to keep)."""
+        store = self.store
+        if store is None or own is None:
+            return None
+        return lambda: store.save(client, own)

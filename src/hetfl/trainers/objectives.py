@@ -1,0 +1,88 @@
+"""The local loss of every recipe kind (``recipes``), in a registry: kind -> builder of a functional objective.
+
+An objective is ``objective(forward, params, x, y, carry) -> (loss, carry)``: ``forward(x)`` runs
+the sub-model with ``params`` (``torch.func.functional_call``), so the method may run it several
+times (SHeteroFL's smaller widths) or act between blocks (ReeFL); ``carry`` is state that lives
+across a client's steps as a tensor (ReeFL's running CE per exit; None before the first step), so
+the same objective runs one client at a time or stacked under ``torch.func.vmap``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.func import functional_call
+
+from ..losses import best_exit_kd, exits_ce, mutual_kd, per_exit_ce, running_ce, weighted_exits_with_last_teacher
+from ..models.cache import ModelCache
+from ..recipes import BestExit, ExitsCE, LastTeacher, Recipe, Slimmable
+from ..slicing import corner
+
+Forward = Callable[[torch.Tensor], list[torch.Tensor]]
+Objective = Callable[[Forward, dict, torch.Tensor, torch.Tensor, torch.Tensor | None],
+                     tuple[torch.Tensor, torch.Tensor | None]]
+OBJECTIVES: dict[type, Callable[[Recipe, ModelCache], Objective]] = {}
+
+
+def objective_for(recipe: Recipe, models: ModelCache) -> Objective:
+    """The objective ``recipe`` names (``models``: the sub-models it may run besides the trained one)."""
+    return OBJECTIVES[type(recipe)](recipe, models)
+
+
+def registered(kind: type):
+    """Registers the decorated builder as the objective of recipe type ``kind``."""
+    def register(builder):
+        OBJECTIVES[kind] = builder
+        return builder
+    return register
+
+
+@registered(ExitsCE)
+def _exits_ce(recipe: ExitsCE, models: ModelCache) -> Objective:
+    """DepthFL Eq. (1): CE over the exits + kd x mutual KD among them."""
+    kd = recipe.kd_weight
+
+    def objective(forward, params, x, y, carry):
+        logits = forward(x)
+        return (exits_ce(logits, y) + kd * mutual_kd(logits) if kd else exits_ce(logits, y)), carry
+
+    return objective
+
+
+@registered(LastTeacher)
+def _last_teacher(recipe: LastTeacher, models: ModelCache) -> Objective:
+    """ScaleFL Eq. (5)."""
+    def objective(forward, params, x, y, carry):
+        return weighted_exits_with_last_teacher(forward(x), y, recipe.beta, recipe.tau, recipe.normaliser), carry
+
+    return objective
+
+
+@registered(Slimmable)
+def _slimmable(recipe: Slimmable, models: ModelCache) -> Objective:
+    """SHeteroFL: every smaller width on the leading slices of the same parameters (frozen ones are the module's)."""
+    smaller = [(models.module(sub).train(), models.shapes(sub)) for sub in recipe.smaller]  # built outside transforms
+
+    def objective(forward, params, x, y, carry):
+        total = exits_ce(forward(x), y)
+        for module, shapes in smaller:
+            sliced = {n: params[n][corner(s)] for n, s in shapes.items() if n in params}
+            total = total + exits_ce(functional_call(module, sliced, (x,)), y)
+        return total, carry
+
+    return objective
+
+
+@registered(BestExit)
+def _best_exit(recipe: BestExit, models: ModelCache) -> Objective:
+    """ReeFL Eq. (5)-(6): the teacher is the exit of lowest running CE on this client, a tensor index (no sync)."""
+    def objective(forward, params, x, y, carry):
+        logits = forward(x)
+        ce = per_exit_ce(logits, y)
+        carry = running_ce(carry, ce, recipe.ema)
+        if not recipe.kd_weight or len(logits) < 2:
+            return ce.sum(), carry
+        return ce.sum() + recipe.kd_weight * best_exit_kd(logits, torch.argmin(carry), recipe.tau), carry
+
+    return objective

@@ -1,0 +1,67 @@
+"""A client's data and its step schedule: every random number of its local training, drawn up front.
+
+The schedule (batch order, crop offsets, flips) comes from the client's generator, seeded by
+(seed, "train", round, client), in the order the loop used to draw it (each epoch's shuffle, then
+each batch's augmentation), so the same client gets the same batches whichever executor trains it
+and whether it is trained alone or stacked with others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import augment
+from ..task import TrainOptions
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """A client's samples: the dataset's tensors (shared, on the device) and this client's indices."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    indices: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One local step: positions in the client's data (not dataset indices) and the batch's augmentation draws."""
+
+    batch: torch.Tensor
+    draws: augment.Draws
+
+
+def batches(num_samples: int, batch_size: int, generator: torch.Generator, within: bool = False) -> list[torch.Tensor]:
+    """A seeded shuffle of range(num_samples) cut into batches (the last one may be smaller).
+
+    A last batch of one sample joins the one before: batch statistics of a single sample are
+    undefined where the features are 1x1 (BatchNorm raises). With ``within``, the last two batches
+    are instead split in halves, so that no batch exceeds ``batch_size`` (a memory budget measured
+    at the batch size then holds for every step).
+    """
+    parts = list(torch.randperm(num_samples, generator=generator).split(batch_size))
+    if len(parts) > 1 and len(parts[-1]) == 1:
+        tail = torch.cat(parts[-2:])
+        parts[-2:] = list(tail.split((len(tail) + 1) // 2)) if within else [tail]
+    return parts
+
+
+def draw_schedule(num_samples: int, opts: TrainOptions, generator: torch.Generator,
+                  within_batch_size: bool = False) -> list[Step]:
+    """Every step of ``opts.epochs`` epochs over ``num_samples`` samples, with its augmentation drawn."""
+    steps = []
+    for _ in range(opts.epochs):
+        for batch in batches(num_samples, opts.batch_size, generator, within_batch_size):
+            steps.append(Step(batch, augment.draw(len(batch), generator, opts.crop_padding, opts.flip)))
+    return steps
+
+
+def step_inputs(data: ClientData, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (augmented) samples and labels of ``step``."""
+    idx = data.indices[step.batch.to(data.indices.device)]
+    return augment.apply(data.x[idx], step.draws), data.y[idx]
