@@ -25,6 +25,22 @@ class Parser(argparse.ArgumentParser):
         raise HetflError(f"{sub}: {message}" if sub else message)
 
 
+class IntermixedParser(Parser):
+    """``Parser`` that also takes positionals after flags, which argparse alone leaves unrecognized."""
+
+    _inner = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        """(namespace, unrecognized args), positionals taken wherever they stand."""
+        if self._inner:  # parse_known_intermixed_args calls parse_known_args itself
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+
+
 NEGATIVE_VALUE = re.compile(r"^-\.?\d")  # -1, -0.5, -.5, -1,2,7: a value, never a flag
 
 
@@ -171,7 +187,31 @@ def cmd_data_fetch(args) -> int:
     return 0
 
 
+def cmd_bench_suite(args) -> int:
+    from .bench.suite import run_suite
+
+    if args.report_only or args.reuse_saved:
+        raise HetflError("bench suite: --report-only and --reuse-saved are options of hetfl bench PRESET; the suite "
+                         "writes the table of every preset whose runs are all finished")
+    if args.time_budget is None:
+        raise HetflError("bench suite: --time-budget SECONDS is required (the device time to spend)")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    except ValueError:
+        raise HetflError(f"bench suite: --seeds must be comma-separated integers, not '{args.seeds}'") from None
+    result = run_suite(args.more_presets, time_budget=args.time_budget,
+                       workers=1 if args.workers is None else args.workers, device=args.device, out=args.out,
+                       runs_dir=args.runs_dir, rounds=args.rounds, seeds=seeds, progress=not args.quiet)
+    return result["exit_code"]
+
+
 def cmd_bench(args) -> int:
+    if args.preset == "suite":
+        return cmd_bench_suite(args)
+    if args.more_presets:  # the message argparse gave before `suite` took more than one preset
+        raise HetflError(f"unrecognized arguments: {' '.join(args.more_presets)}")
+    if args.workers is not None or args.time_budget is not None:
+        raise HetflError("bench: --workers and --time-budget are options of hetfl bench suite")
     if args.preset == "memory":
         from .bench.memory import run_memory
 
@@ -180,7 +220,13 @@ def cmd_bench(args) -> int:
     if args.preset == "speed":
         from .bench.speed import run_speed
 
-        run_speed(rounds=args.rounds or 2, repeats=args.repeats, device=args.device or "cpu")
+        run_speed(rounds=args.rounds or 2, repeats=3 if args.repeats is None else args.repeats,
+                  device=args.device or "cpu")
+        return 0
+    if args.preset == "throughput":
+        from .bench.throughput import run_throughput
+
+        run_throughput(device=args.device or "cpu", repeats=2 if args.repeats is None else args.repeats)
         return 0
     if args.preset == "checkpoint":
         from .bench.checkpoint import run_checkpoint_bench
@@ -346,19 +392,28 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(fn=cmd_data_fetch)
 
     bench = sub.add_parser("bench", help="run a benchmark preset (methods x seeds) or the speed check")
-    bench.add_argument("preset", help="a preset name (see README), a preset .toml file, 'speed', 'memory', "
-                       "'checkpoint' (what a checkpoint costs per round), 'chaos' (kill -9 and resume soak) or "
-                       "'flower' (the simulator against Flower SuperNodes on loopback)")
-    bench.add_argument("--out", help="results folder (default results/PRESET)")
+    bench.__class__ = IntermixedParser  # `hetfl bench suite --device cuda a b`: presets after flags
+    bench.add_argument("preset", help="a preset name (see README), a preset .toml file, 'speed', 'throughput' "
+                       "(sequential against batched executor), 'memory', "
+                       "'checkpoint' (what a checkpoint costs per round), 'chaos' (kill -9 and resume soak), "
+                       "'flower' (the simulator against Flower SuperNodes on loopback) or 'suite' (the presets "
+                       "that follow, within --time-budget)")
+    bench.add_argument("more_presets", nargs="*", default=[], metavar="PRESET", help="suite: the presets to run")
+    bench.add_argument("--out", help="results folder (default results/PRESET; suite: the folder holding a folder per "
+                       "preset, default results)")
     bench.add_argument("--runs-dir", help="where the individual runs go (default runs/bench, shared by all "
                        "presets: a finished run is reused by any preset that has it)")
     bench.add_argument("--seeds", help="comma-separated seeds (default: the preset's); the table keeps "
                        "the saved runs of the other seeds")
     bench.add_argument("--rounds", type=int, help="override the rounds of every run")
-    bench.add_argument("--repeats", type=int, default=3, help="speed: repetitions (median reported)")
+    bench.add_argument("--repeats", type=int, help="speed: repetitions (default 3; median reported); throughput: "
+                       "timed rounds per executor (default 2)")
     bench.add_argument("--kills", type=int, default=20, help="chaos: how many kill -9s (the first --seeds value "
                        "seeds their moments)")
     bench.add_argument("--device", help="torch device")
+    bench.add_argument("--workers", type=int, help="suite: worker processes sharing the runs (default 1)")
+    bench.add_argument("--time-budget", type=float, metavar="SECONDS", help="suite: the seconds to spend; it starts "
+                       "no run whose estimate does not fit and stops its workers before the end (required)")
     bench.add_argument("--model", help="memory: the backbone (default resnet18)")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
     bench.add_argument("--report-only", action="store_true", help="train nothing: rewrite table.md from the "

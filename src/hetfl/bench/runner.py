@@ -66,7 +66,7 @@ def load_preset(name_or_path: str) -> tuple[str, dict]:
     elif name_or_path in preset_names():
         text, name = resources.files("hetfl.presets").joinpath(f"{name_or_path}.toml").read_text(), name_or_path
     else:
-        special = ["speed", "memory", "checkpoint", "chaos"]
+        special = ["speed", "throughput", "memory", "checkpoint", "chaos"]
         raise HetflError(f"bench preset '{name_or_path}' is unknown; choose one of: "
                          f"{', '.join(preset_names() + special)}, or give a .toml file")
     try:
@@ -109,7 +109,7 @@ def _claim_problem(claim: dict, labels: list[str]) -> str | None:
 # where a run is written, what its report looks for, how often it checkpoints by the clock and how long
 # a Flower server waits for replies (which never change a simulated run's results, and were added after
 # bench folders were named by these values)
-NOT_THE_RUN = ("out", "name", "target_accuracy", "checkpoint_seconds", "round_timeout")
+NOT_THE_RUN = ("out", "name", "target_accuracy", "checkpoint_seconds", "round_timeout", "executor")
 
 
 # The device a run computes on does not define it either: reefl-20ng's runs on this CPU and on an H100 gave

@@ -60,7 +60,8 @@ class FrozenFeatures:
 
     def rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """The registered row of every document of ``x``, or None if one is not registered."""
-        found = [self.row_of.get(row.tobytes()) for row in x.cpu().numpy()]
+        with torch._C._DisableFuncTorch():  # the token ids' bytes, also inside the trainer's grad transform
+            found = [self.row_of.get(row.tobytes()) for row in x.cpu().numpy()]
         if any(i is None for i in found):
             return None
         return torch.tensor(found, device=self.documents.device)

@@ -37,14 +37,12 @@ def client_step(module: nn.Module, objective: Objective, opts: TrainOptions, lr:
     a 0-d tensor along after it); ``anchor`` (the round's global weights) and ``linear`` (FedDyn's
     g_k) are dicts like ``params``, or None when unused.
     """
-    def loss_of(params, carry, x, y):
-        loss, carry = objective(lambda inputs: functional_call(module, params, (inputs,)), params, x, y, carry)
-        return loss, loss.new_zeros(()) if carry is None else carry  # a transform returns tensors only
-
-    gradient = grad_and_value(loss_of, has_aux=True)
-
     def step(params, momenta, carry, x, y, anchor, linear):
-        grads, (loss, carry) = gradient(params, carry, x, y)
+        def loss_of(params):  # the batch and the carry are closed over: only the parameters are differentiated
+            loss, out = objective(lambda inputs: functional_call(module, params, (inputs,)), params, x, y, carry)
+            return loss, loss.new_zeros(()) if out is None else out  # a transform returns tensors only
+
+        grads, (loss, carry) = grad_and_value(loss_of, has_aux=True)(params)
         names = list(params)
         listed = (lambda d: None if d is None else [d[n] for n in names])  # noqa: E731
         new, momenta = sgd_update(listed(params), listed(grads), listed(momenta), opts, lr, listed(anchor),

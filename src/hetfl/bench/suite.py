@@ -1,0 +1,311 @@
+"""``hetfl bench suite PRESET [PRESET ...]``: spend a limited time on a device on the runs of several presets.
+
+A lent accelerator comes for a fixed time (say 15 minutes). The suite starts ``--workers`` processes
+that go through the runs of every named preset in order and claim each through the run's lock
+(``runner.run_lock``, the lock ``hetfl bench`` processes share), so no run is trained twice, by them or by
+any other bench process on the same runs folder. A run is trained, resumed from its checkpoint or
+reused exactly as ``hetfl bench`` would (``runner.run_one``), and its summary is added at once to the
+``finished-runs.json`` of every preset holding it, so a later call (or ``--reuse-saved`` on another
+machine) goes on from there.
+
+**Which runs start.** A run starts only if ``ESTIMATE_MARGIN x its estimate + START_SECONDS`` fits in the
+time left before the stop (``estimate``: the seconds it still needs):
+
+1. a run with a folder of its own: the mean ``seconds`` of its logged rounds x the rounds after its last
+   checkpoint (a resumed run computes on its own folder's device, the one that timed those rounds);
+2. else the mean seconds per round (``wall_seconds / rounds``) of the finished runs of the same preset and
+   label (other seeds) made on the same device type, x its rounds;
+3. else the same over every finished run of its presets on that device type;
+4. else nothing is known: it starts if ``START_SECONDS`` are left (the stop below bounds what it costs).
+
+**How it stops.** Workers are sent SIGTERM ``stop_margin(budget)`` seconds before the budget ends and
+SIGKILL ``TERM_GRACE`` seconds later, so no worker holds the device when the budget ends (a worker whose
+suite process is gone stops itself then, by an alarm). A stopped run keeps its last checkpoint (run folders
+survive ``kill -9``) and its lock goes with its process. Then each preset whose runs are all finished gets its
+table, as ``hetfl bench PRESET`` writes it (every run taken from ``finished-runs.json``: nothing is trained
+after the budget); the others say how many runs they lack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean
+
+from ..config import Config
+from ..errors import HetflError
+from ..rundir import read_jsonl
+from .runner import FINISHED, _named_configs, _record_finished, finished_run, load_preset, run_bench, run_lock, \
+    run_one
+
+ESTIMATE_MARGIN = 1.2  # estimates come from other seeds, other loads, other thread counts
+START_SECONDS = 5.0  # a run's set-up outside its timed rounds: data, model, first kernels
+TERM_GRACE = 2.0  # seconds from SIGTERM to SIGKILL
+NOT_PRESETS = ("speed", "memory", "checkpoint", "chaos", "flower", "throughput", "suite")  # benchmarks of their own
+
+
+def stop_margin(budget: float) -> float:
+    """Seconds before the end of ``budget`` at which workers are sent SIGTERM (SIGKILL follows TERM_GRACE later)."""
+    return min(TERM_GRACE + 1.0, budget / 4)
+
+
+@dataclass
+class PresetRuns:
+    """One preset of the suite: its name, how it was given, its results folder and its (label, seed, config)s."""
+
+    name: str
+    given: str
+    out_dir: Path
+    configs: list[tuple[str, int, Config]]
+
+
+@dataclass
+class Job:
+    """One run to train, once, however many presets hold it."""
+
+    cfg: Config  # writes to its run folder under the runs folder
+    labels: list[tuple[str, str]] = field(default_factory=list)  # (preset, label) of each preset holding it
+    finished_files: list[Path] = field(default_factory=list)  # their FINISHED files
+
+
+def load_suite(presets: list[str], out: str | None, runs_root: Path, overrides: dict,
+               seeds: list[int] | None) -> list[PresetRuns]:
+    """The named presets with their validated configs; raises HetflError before anything is written."""
+    if not presets:
+        raise HetflError("bench suite: name at least one preset, e.g. hetfl bench suite demo --time-budget 600")
+    suite: list[PresetRuns] = []
+    for given in presets:
+        if given in NOT_PRESETS:
+            raise HetflError(f"bench suite runs presets; '{given}' is a benchmark of its own: hetfl bench {given}")
+        name, preset = load_preset(given)
+        out_dir = Path(out) / name if out else Path("results") / name
+        if any(p.out_dir == out_dir for p in suite):
+            raise HetflError(f"bench suite: preset '{name}' is named twice (its results go to {out_dir}); name it once")
+        suite.append(PresetRuns(name, given, out_dir, _named_configs(preset, overrides, seeds, runs_root)))
+    return suite
+
+
+def suite_jobs(suite: list[PresetRuns]) -> list[Job]:
+    """The suite's runs in preset order, each once (a run two presets share is one job)."""
+    jobs: dict[str, Job] = {}
+    for p in suite:
+        for label, _, cfg in p.configs:
+            job = jobs.setdefault(cfg.name, Job(cfg))
+            job.labels.append((p.name, label))
+            job.finished_files.append(p.out_dir / FINISHED)
+    return list(jobs.values())
+
+
+def _device_type(device: str) -> str:
+    """``cuda`` for cuda:1 and cuda alike."""
+    return str(device).split(":")[0]
+
+
+def _checkpoint_round(run_dir: Path) -> int:
+    """The round of the run folder's last checkpoint (0 if none or unreadable)."""
+    import torch
+
+    for folder in ("checkpoint", "checkpoint.old"):  # .old: a kill between a checkpoint's two renames
+        path = run_dir / folder / "state.pt"
+        if path.exists():
+            try:  # mmap: the round, without reading the model's tensors
+                return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["round"])
+            except Exception:  # being swapped by its writer, or damaged: resume will tell
+                return 0
+    return 0
+
+
+def estimate(job: Job, jobs: list[Job], finished: dict[str, dict]) -> float | None:
+    """Seconds ``job``'s run still needs, by the rule of the module's docstring; None when nothing is known.
+    ``finished``: the summaries of the finished runs, by run folder name."""
+    cfg = job.cfg
+    run_dir = Path(cfg.out) / cfg.name
+    try:
+        logged = [r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl")[0] if r.get("seconds")]
+    except HetflError:  # a corrupt log: resume will say so
+        logged = []
+    if logged:
+        return mean(logged) * max(cfg.rounds - _checkpoint_round(run_dir), 0)
+    device = _device_type(cfg.device)
+    presets = {p for p, _ in job.labels}
+    for related in (lambda other: set(other.labels) & set(job.labels),
+                    lambda other: {p for p, _ in other.labels} & presets):
+        paces = [s["wall_seconds"] / s["rounds"] for other in jobs
+                 if (s := finished.get(other.cfg.name)) and related(other) and s.get("rounds")
+                 and _device_type(s.get("device", "cpu")) == device]  # a summary without a device is a CPU run's
+        if paces:
+            return mean(paces) * cfg.rounds
+    return None
+
+
+def fits(seconds: float | None, left: float) -> bool:
+    """Whether a run estimated at ``seconds`` (None: unknown) may start with ``left`` seconds to the stop."""
+    return ESTIMATE_MARGIN * (seconds or 0.0) + START_SECONDS <= left
+
+
+def _finished(jobs: list[Job], runs_root: Path, known: dict[str, dict]) -> dict[str, dict]:
+    """``known`` updated with the summaries of the jobs' runs finished in ``runs_root``, by run folder name."""
+    for job in jobs:
+        if job.cfg.name not in known and (s := finished_run(runs_root, job.cfg)) is not None:
+            known[job.cfg.name] = s
+    return known
+
+
+def _work(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, threads: int, progress: bool,
+          worker: int) -> None:
+    """A worker process: trains every run of ``todo`` it can claim whose estimate (from all the suite's ``jobs``)
+    fits before ``stop_at`` (time.monotonic, one clock for every process of the machine)."""
+    import torch
+
+    # SIGTERM ends the worker as an exit would (locks released, its semaphores unregistered) at the next
+    # bytecode; a run folder survives any stop, and SIGKILL follows if the device holds the worker up
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGALRM, lambda *_: sys.exit(0))  # the same stop if the suite process is gone
+    signal.setitimer(signal.ITIMER_REAL, max(stop_at + TERM_GRACE - time.monotonic(), 0.01))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the suite process, which stops the workers
+    torch.set_num_threads(threads)
+    known: dict[str, dict] = {}
+    for job in todo:
+        cfg, where = job.cfg, f"{job.labels[0][0]} {job.labels[0][1]}, seed {job.cfg.seed}"
+        with run_lock(cfg, wait=False) as mine:
+            if not mine:
+                continue  # a sibling or another bench process is training it
+            if cfg.name in _finished(jobs, runs_root, known):
+                continue  # finished before we got its lock
+            need, left = estimate(job, jobs, known), stop_at - time.monotonic()
+            if not fits(need, left):
+                print(f"[suite {worker}] {where}: not started, {left:.0f} s left: too few for "
+                      + (f"its estimated {need:.0f} s" if need is not None else "a run's start"), flush=True)
+                continue
+            done = _checkpoint_round(runs_root / cfg.name)
+            print(f"[suite {worker}] {where}: {runs_root / cfg.name}"
+                  + (f", resumed after round {done}" if done else "")
+                  + (f", estimated {need:.0f} s" if need is not None else ", no estimate"), flush=True)
+            try:
+                summary = run_one(cfg, progress)
+            except HetflError as e:  # this run's problem (say a live `hetfl run --resume` of it): go on
+                print(f"hetfl: error: {where}: {e}", flush=True)
+                continue
+            for path in job.finished_files:
+                _record_finished(path, runs_root, cfg, summary)
+            known[cfg.name] = summary
+
+
+def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, workers: int,
+                 progress: bool) -> list[int]:
+    """Start the worker processes on ``todo`` and stop them by ``stop_at`` (SIGTERM, then SIGKILL); returns their
+    exit codes."""
+    cuda = any(_device_type(j.cfg.device) == "cuda" for j in todo)
+    # CPU: the cores are the workers' to share; CUDA: a worker mostly launches kernels (one thread each, as the
+    # twelve `hetfl bench reefl-20ng --device cuda` processes of README ran)
+    threads = 1 if cuda else max(1, len(os.sched_getaffinity(0)) // workers)
+    ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or torch threads
+    procs = [ctx.Process(target=_work, args=(todo, jobs, runs_root, stop_at, threads, progress, i + 1))
+             for i in range(min(workers, len(todo)))]  # a worker more than the runs would only start and stop
+    try:
+        for p in procs:
+            p.start()
+        while (alive := [p.sentinel for p in procs if p.is_alive()]) and time.monotonic() < stop_at:
+            multiprocessing.connection.wait(alive, timeout=max(stop_at - time.monotonic(), 0))
+    finally:  # also on Ctrl-C: never leave a worker on the device
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        grace_ends = time.monotonic() + TERM_GRACE
+        for p in procs:
+            p.join(timeout=max(grace_ends - time.monotonic(), 0))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+    return [p.exitcode for p in procs]
+
+
+def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: str | None = None,
+              out: str | None = None, runs_dir: str | None = None, rounds: int | None = None,
+              seeds: list[int] | None = None, progress: bool = True) -> dict:
+    """Train what fits of the presets' runs within ``time_budget`` seconds and write the finished presets' tables;
+    returns counts: finished (this call), left, estimated_seconds_left, unestimated (runs left without an
+    estimate), tables (the tables written) and exit_code (1 if a worker failed)."""
+    started = time.monotonic()
+    import torch  # noqa: F401  (now, inside the budget's clock: the estimates read checkpoints with it)
+
+    if not (isinstance(time_budget, (int, float)) and math.isfinite(time_budget) and time_budget > 0):
+        raise HetflError(f"bench suite: --time-budget must be a number of seconds > 0, not {time_budget}")
+    if not (isinstance(workers, int) and workers >= 1):
+        raise HetflError(f"bench suite: --workers must be an integer >= 1, not {workers}")
+    for path, flag in ((out, "--out"), (runs_dir, "--runs-dir")):
+        if path and Path(path).exists() and not Path(path).is_dir():
+            raise HetflError(f"bench suite: {flag} {path} is a file; give a folder")
+    if device is not None:
+        from ..sim import resolve_device
+
+        resolve_device(device)  # cuda asked for on a machine without it: an error now, not in every worker
+    overrides = {k: v for k, v in (("rounds", rounds), ("device", device)) if v is not None}
+    runs_root = Path(runs_dir or Path("runs") / "bench")
+    suite = load_suite(presets, out, runs_root, overrides, seeds)
+    jobs = suite_jobs(suite)
+
+    known = _finished(jobs, runs_root, {})
+    before = set(known)
+    stop_at = started + time_budget - stop_margin(time_budget)
+    # only runs that may fit now: a suite with nothing to do starts no process
+    todo = [j for j in jobs if j.cfg.name not in known and fits(estimate(j, jobs, known), stop_at - time.monotonic())]
+    codes = _run_workers(todo, jobs, runs_root, stop_at, workers, progress) if todo else []
+    print(f"[suite] {'workers stopped' if todo else 'no run to start'} after {time.monotonic() - started:.1f} s "
+          f"of the {time_budget:g} s budget", flush=True)
+
+    _finished(jobs, runs_root, known)
+    tables = []
+    for p in suite:
+        names = [cfg.name for _, _, cfg in p.configs]
+        _record_missing(p, runs_root, known)  # a run finished before this call, or killed before it was recorded
+        left = sum(name not in known for name in names)
+        if left:
+            flags = [f"--out {p.out_dir}", *([f"--seeds {','.join(map(str, seeds))}"] if seeds else []),
+                     *([f"--rounds {rounds}"] if rounds else [])]
+            print(f"[suite] {p.name}: {left} of {len(names)} runs left; interim table: "
+                  f"hetfl bench {p.given} {' '.join(flags)} --report-only --reuse-saved", flush=True)
+            continue
+        with contextlib.redirect_stdout(io.StringIO()):  # the table itself is in the file; say where
+            run_bench(p.given, out=str(p.out_dir) if out else None, runs_dir=runs_dir, overrides=overrides,
+                      seeds=seeds, progress=False, reuse_saved=True)  # every run from FINISHED: none trained
+        tables.append(p.out_dir / "table.md")
+        print(f"[suite] {p.name}: all {len(names)} runs finished; table written to {p.out_dir / 'table.md'}",
+              flush=True)
+
+    unfinished = [j for j in jobs if j.cfg.name not in known]
+    estimates = [estimate(j, jobs, known) for j in unfinished]
+    seconds = sum(e for e in estimates if e is not None)
+    unestimated = sum(e is None for e in estimates)
+    print(f"[suite] runs finished in this call: {len(set(known) - before)}; runs left: {len(unfinished)}; "
+          f"estimated device-seconds left: {seconds:.0f}"
+          + " (a run: its own rounds' pace, else that of its label's or its preset's finished runs on its device)"
+          + (f", and {unestimated} runs with nothing to estimate from" if unestimated else ""), flush=True)
+    failed = [c for c in codes if c is not None and c > 0]  # negative: killed by a signal, ours
+    if failed:
+        print(f"hetfl: error: {len(failed)} suite worker(s) failed (exit codes {failed}); see their messages above",
+              flush=True)
+    return {"finished": len(set(known) - before), "left": len(unfinished), "estimated_seconds_left": seconds,
+            "unestimated": unestimated, "tables": tables, "exit_code": 1 if failed else 0}
+
+
+def _record_missing(p: PresetRuns, runs_root: Path, known: dict[str, dict]) -> None:
+    """Add to ``p``'s FINISHED file every finished run of ``p`` that it lacks (as ``hetfl bench`` records the runs
+    it reuses)."""
+    path = p.out_dir / FINISHED
+    recorded = set(json.loads(path.read_text())) if path.exists() else set()
+    for _, _, cfg in p.configs:
+        if cfg.name in known and cfg.name not in recorded:
+            _record_finished(path, runs_root, cfg, known[cfg.name])
+

@@ -1,0 +1,143 @@
+"""``hetfl bench suite``: several presets within a time budget, stopped cleanly, resumed by the next call.
+
+The timed calls run ``python -m hetfl`` in a subprocess, so the time asserted is the whole command's
+(start-up, the workers' stop, the tables). ``--workers 2`` on this 2-core machine gives each worker one
+thread: two threads per process slow a small model's rounds many times over when the cores are busy.
+"""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hetfl.bench.runner import FINISHED
+from hetfl.cli import main
+
+CLEANUP = 10  # seconds past the budget: the interpreter's start-up (imports) and the tables at the end
+
+LONG = """
+title = "long"
+seeds = [0]
+[base]
+dataset = "digits"
+num_clients = 10
+model_width = 0.25
+client_fraction = 0.5
+rounds = 100
+checkpoint_every = 1
+[[runs]]
+label = "only"
+method = "alllarge"
+"""
+
+
+def suite(*args: str, budget: float, timeout: float | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """The finished ``hetfl bench suite`` call and its wall time in seconds."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "hetfl", "bench", "suite", "--time-budget", str(budget), "--quiet",
+                           *args], capture_output=True, text=True, timeout=timeout or budget + 120)
+    return done, time.monotonic() - started
+
+
+def test_demo_within_budget_and_a_second_call_completes_the_table(tmp_path):
+    """The demo preset (one round per run: its 5 rounds take ~150 s here) within 60 s; the next call adds
+    whatever was left and writes the table."""
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    where = ["--out", str(out), "--runs-dir", str(runs), "--rounds", "1", "--workers", "2"]
+    first, seconds = suite("--device", "cpu", "demo", *where, budget=60)
+    assert first.returncode == 0, first.stderr
+    assert seconds < 60 + CLEANUP, first.stdout
+    assert "runs finished in this call" in first.stdout
+    second, _ = suite("demo", *where, budget=300)
+    assert second.returncode == 0, second.stderr
+    assert "runs left: 0;" in second.stdout
+    table = (out / "demo" / "table.md").read_text()
+    assert f"hetfl bench demo --out {out / 'demo'} --rounds 1" in table  # the command that regenerates it
+    summaries = json.loads((out / "demo" / "summaries.json").read_text())
+    assert sorted(summaries) == ["AllLarge", "AllSmall", "ExclusiveFL 25% (d)"]
+    assert all(len(s) == 1 and s[0]["rounds"] == 1 and s[0]["accuracy"] is not None for s in summaries.values())
+    assert not (out / "demo" / FINISHED).exists()  # summaries.json holds them all
+    assert len(list(runs.glob("*-s0/summary.json"))) == 3  # each run trained once
+
+
+def test_a_small_budget_stops_the_worker_and_later_calls_resume(tmp_path):
+    """A run longer than the budget is stopped before the budget ends and keeps its checkpoint; a call whose
+    budget cannot hold the rest starts nothing; a larger one resumes the run and writes the table."""
+    preset = tmp_path / "long.toml"
+    preset.write_text(LONG)
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    where = [str(preset), "--out", str(out), "--runs-dir", str(runs), "--workers", "2"]
+
+    first, seconds = suite(*where, budget=20)
+    assert first.returncode == 0, first.stderr
+    assert seconds < 20 + CLEANUP, first.stdout
+    assert "long: 1 of 1 runs left" in first.stdout and "runs left: 1;" in first.stdout
+    (run_dir,) = runs.glob("alllarge-*-s0")
+    assert not (run_dir / "summary.json").exists() and (run_dir / "checkpoint" / "state.pt").exists()
+    assert not (out / "long" / "table.md").exists()
+    logged = (run_dir / "metrics.jsonl").read_text()
+
+    # the rest of the run (its own rounds' pace x the rounds after its checkpoint) does not fit in 8 s
+    second, seconds = suite(*where, budget=8)
+    assert second.returncode == 0, second.stderr
+    assert "no run to start" in second.stdout and seconds < 8 + CLEANUP
+    assert (run_dir / "metrics.jsonl").read_text() == logged  # nothing trained
+    assert "estimated device-seconds left: 0" not in second.stdout
+
+    third, _ = suite(*where, budget=300)
+    assert third.returncode == 0, third.stderr
+    assert "resumed after round" in third.stdout and "runs left: 0;" in third.stdout
+    summaries = json.loads((out / "long" / "summaries.json").read_text())
+    assert summaries["only"][0]["rounds"] == 100 and (out / "long" / "table.md").exists()
+    rounds = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == list(range(1, 101))
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["demo"], "bench suite: --time-budget SECONDS is required"),
+    (["--time-budget", "60"], "bench suite: name at least one preset"),
+    (["--time-budget", "0", "demo"], "--time-budget must be a number of seconds > 0, not 0"),
+    (["--time-budget", "-5", "demo"], "--time-budget must be a number of seconds > 0, not -5"),
+    (["--time-budget", "nan", "demo"], "--time-budget must be a number of seconds > 0, not nan"),
+    (["--time-budget", "inf", "demo"], "--time-budget must be a number of seconds > 0, not inf"),
+    (["--time-budget", "soon", "demo"], "argument --time-budget: invalid float value: 'soon'"),
+    (["--time-budget", "60", "--workers", "0", "demo"], "--workers must be an integer >= 1, not 0"),
+    (["--time-budget", "60", "--workers", "two", "demo"], "argument --workers: invalid int value: 'two'"),
+    (["--time-budget", "60", "demo", "nope"], "bench preset 'nope' is unknown; choose one of"),
+    (["--time-budget", "60", "demo", "speed"], "'speed' is a benchmark of its own: hetfl bench speed"),
+    (["--time-budget", "60", "demo", "demo"], "preset 'demo' is named twice"),
+    (["--time-budget", "60", "--seeds", "0,x", "demo"], "--seeds must be comma-separated integers, not '0,x'"),
+    (["--time-budget", "60", "--rounds", "0", "demo"], "rounds must be an integer >= 1, got 0"),
+    (["--time-budget", "60", "--device", "tpu", "demo"], "device 'tpu' is not a torch device"),
+    (["--time-budget", "60", "--report-only", "demo"], "--report-only and --reuse-saved are options of hetfl bench"),
+    (["--time-budget", "60", "--colour", "red", "demo"], "unrecognized arguments: --colour"),
+])
+def test_bad_suite_input(tmp_path, capsys, args, fragment):
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    code = main(["bench", "suite", *args, "--out", str(out), "--runs-dir", str(runs)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("hetfl: error:"), err
+    assert fragment in err[0], err[0]
+    assert not out.exists() and not runs.exists()
+
+
+def test_an_out_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "out").write_text("")
+    assert main(["bench", "suite", "demo", "--time-budget", "60", "--out", str(tmp_path / "out"),
+                 "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert "--out" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["demo", "extra"], "hetfl: error: unrecognized arguments: extra"),
+    (["demo", "--workers", "2"], "--workers and --time-budget are options of hetfl bench suite"),
+    (["demo", "--time-budget", "60"], "--workers and --time-budget are options of hetfl bench suite"),
+    ([], "hetfl: error: bench: the following arguments are required: preset"),
+])
+def test_other_benches_take_one_preset_and_no_suite_options(tmp_path, capsys, args, fragment):
+    assert main(["bench", *args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
