@@ -12,6 +12,7 @@ from hetfl.executors.batched import BatchedExecutor
 from hetfl.sim import Simulation
 from hetfl.task import TrainOptions
 from hetfl.trainers.step import sgd_update
+from tinybert import WORDS, tiny_bert, tiny_bert_dir  # noqa: F401  (fixtures)
 
 # (method, options): every loss kind, a stateful client (FedDyn), FedProx, the Scaler, augmentation, clipping,
 # ScaleFL's 2-D split and a transformer backbone
@@ -22,6 +23,8 @@ BATCHABLE = {
     "sheterofl": dict(method="sheterofl"),
     "scalefl": dict(method="scalefl", model_width=0.5),
     "inclusivefl-vit": dict(method="inclusivefl", model="vit", model_width=1.0, levels=3, md_beta=0.2),
+    "splitmix": dict(method="splitmix", model="preresnet20", model_width=1.0, budget="width-memory", batch_size=8,
+                     client_fraction=0.2),
 }
 # trained one client at a time inside the batched executor (the trainer is not batchable)
 NOT_BATCHABLE = {"fedepth": dict(method="fedepth", model="preresnet20", batch_size=8)}
@@ -61,6 +64,30 @@ def test_what_cannot_be_batched_runs_one_client_at_a_time_with_the_sequential_re
     for name, value in sequential.global_state.items():
         assert torch.equal(value, batched.global_state[name]), name
     assert "batched executor: the 'blockwise' trainer is not batchable" in capsys.readouterr().err
+
+
+def test_reefl_best_exit_teacher_is_chosen_per_client_in_a_stack(tiny_bert, tmp_path, monkeypatch):
+    """ReeFL (LoRA on the tiny BERT): each stacked client picks its own teacher exit on the device, and the round
+    ends where the sequential executor's does."""
+    from hetfl.data import datasets
+    from hetfl.methods import config_from
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(5, 5 + len(WORDS), (120, 8), generator=g)
+    y = torch.randint(0, 3, (120,), generator=g)
+    x[:, 0], x[:, 1:] = 2, 5 + y[:, None]
+    monkeypatch.setitem(datasets._LOADED, ("r8:8", f"|{(tiny_bert / 'tokenizer.json').resolve()}"),
+                        datasets.Dataset("r8", x, y, x[:60], y[:60], 3))
+    weights = []
+    for executor in ("sequential", "batched"):
+        sim = Simulation(config_from(dict(method="reefl", dataset="r8", max_length=8, finetune="lora", adapter_rank=4,
+                                          num_clients=6, client_fraction=1.0, levels=2, rounds=2, batch_size=8,
+                                          lr=0.3, executor=executor, out=str(tmp_path / executor))))
+        sim.run(progress=False)
+        weights.append(sim.global_state)
+    assert max(sim.executor.group_sizes) > 1
+    for name, value in weights[0].items():
+        assert (value - weights[1][name]).abs().max() <= 1e-4, name
 
 
 def test_feddyn_state_is_stacked_per_group_and_kept_per_client(tiny_cfg, tmp_path):

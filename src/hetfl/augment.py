@@ -23,11 +23,6 @@ class Draws:
     flips: torch.Tensor | None = None
     padding: int = 0
 
-    def to(self, device: torch.device) -> Draws:
-        """The same draws on ``device``."""
-        move = (lambda t: None if t is None else t.to(device))  # noqa: E731
-        return Draws(move(self.offsets), move(self.flips), self.padding)
-
 
 def draw(n: int, generator: torch.Generator, crop_padding: int = 0, flip: bool = False) -> Draws:
     """The random numbers that augmenting ``n`` images takes from ``generator`` (crop first, then flip)."""

@@ -61,6 +61,21 @@ def draw_schedule(num_samples: int, opts: TrainOptions, generator: torch.Generat
     return steps
 
 
+def on_device(schedule: list[Step], device: torch.device) -> list[Step]:
+    """``schedule`` with its positions and draws on ``device``, each kind moved in one copy (a copy per step would
+    make an accelerator wait for the host at every step)."""
+    if not schedule:
+        return schedule
+    sizes = [len(step.batch) for step in schedule]
+    batches = torch.cat([step.batch for step in schedule]).to(device).split(sizes)
+    first = schedule[0].draws
+    offsets = torch.cat([step.draws.offsets for step in schedule], 1).to(device).split(sizes, 1) \
+        if first.offsets is not None else [None] * len(schedule)
+    flips = torch.cat([step.draws.flips for step in schedule]).to(device).split(sizes) \
+        if first.flips is not None else [None] * len(schedule)
+    return [Step(b, augment.Draws(o, f, first.padding)) for b, o, f in zip(batches, offsets, flips)]
+
+
 def step_inputs(data: ClientData, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
     """The (augmented) samples and labels of ``step``."""
     idx = data.indices[step.batch.to(data.indices.device)]

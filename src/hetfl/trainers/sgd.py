@@ -22,7 +22,7 @@ from ..slicing import State, corner
 from ..task import Task, TrainOptions
 from ..updates import Update
 from .objectives import Objective, objective_for
-from .schedule import ClientData, Step, draw_schedule, step_inputs
+from .schedule import ClientData, Step, draw_schedule, on_device, step_inputs
 from .step import sgd_update
 
 Tensors = dict[str, torch.Tensor]
@@ -122,8 +122,8 @@ class SGDTrainer:
         module = self.module(task, local, models)
         start = self.start(module, local, task, client_state)
         step = client_step(module, objective_for(task.loss, models), task.train, task.lr)
-        params, loss = train_steps(step, start.params, data, self.schedule(task, len(data)), start.anchor,
-                                   start.linear)
+        schedule = on_device(self.schedule(task, len(data)), data.x.device)
+        params, loss = train_steps(step, start.params, data, schedule, start.anchor, start.linear)
         return self.finish(task, local, start, params, loss, len(data), client_state, models)
 
 
