@@ -18,6 +18,10 @@ time left before the stop (``estimate``: the seconds it still needs):
 3. else the same over every finished run of its presets on that device type;
 4. else nothing is known: it starts if ``START_SECONDS`` are left (the stop below bounds what it costs).
 
+A run that cannot finish in the time left still starts, after the runs that can, if it can reach its next
+checkpoint (after round 1, every ``checkpoint_every`` rounds, after the last): its work up to there is kept,
+so a run longer than any budget advances from call to call.
+
 **How it stops.** Workers are sent SIGTERM ``stop_margin(budget)`` seconds before the budget ends and
 SIGKILL ``TERM_GRACE`` seconds later, so no worker holds the device when the budget ends (a worker whose
 suite process is gone stops itself then, by an alarm). A stopped run keeps its last checkpoint (run folders
@@ -148,6 +152,28 @@ def estimate(job: Job, jobs: list[Job], finished: dict[str, dict]) -> float | No
     return None
 
 
+def to_next_checkpoint(cfg: Config, runs_root: Path) -> int:
+    """Rounds from the run's last checkpoint to its next one (after round 1, every ``checkpoint_every`` rounds and
+    after the last: ``Simulation.checkpoint_due``'s rule, its clock left out)."""
+    done = _checkpoint_round(runs_root / cfg.name)
+    every = (done // cfg.checkpoint_every + 1) * cfg.checkpoint_every
+    return min(r for r in (1, every, cfg.rounds) if r > done) - done if done < cfg.rounds else 0
+
+
+def to_checkpoint(job: Job, need: float | None, runs_root: Path) -> float | None:
+    """Seconds ``job``'s run needs to reach its next checkpoint, from ``need`` (what it needs to finish; None:
+    unknown)."""
+    cfg = job.cfg
+    left = cfg.rounds - _checkpoint_round(runs_root / cfg.name)
+    return None if need is None else need * to_next_checkpoint(cfg, runs_root) / max(left, 1)
+
+
+def may_start(job: Job, jobs: list[Job], known: dict[str, dict], runs_root: Path, left: float) -> bool:
+    """Whether ``job``'s run fits in ``left`` seconds whole, or up to its next checkpoint."""
+    need = estimate(job, jobs, known)
+    return fits(need, left) or fits(to_checkpoint(job, need, runs_root), left)
+
+
 def fits(seconds: float | None, left: float) -> bool:
     """Whether a run estimated at ``seconds`` (None: unknown) may start with ``left`` seconds to the stop."""
     return ESTIMATE_MARGIN * (seconds or 0.0) + START_SECONDS <= left
@@ -175,30 +201,45 @@ def _work(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, thr
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the suite process, which stops the workers
     torch.set_num_threads(threads)
     known: dict[str, dict] = {}
-    for job in todo:
-        cfg, where = job.cfg, f"{job.labels[0][0]} {job.labels[0][1]}, seed {job.cfg.seed}"
-        with run_lock(cfg, wait=False) as mine:
-            if not mine:
-                continue  # a sibling or another bench process is training it
-            if cfg.name in _finished(jobs, runs_root, known):
-                continue  # finished before we got its lock
-            need, left = estimate(job, jobs, known), stop_at - time.monotonic()
-            if not fits(need, left):
+    deferred: list[Job] = []  # runs that cannot finish in time but can reach their next checkpoint: after the others
+    for partial, runs in ((False, todo), (True, deferred)):
+        for job in runs:
+            _train_if_it_fits(job, jobs, runs_root, stop_at, known, deferred, partial, progress, worker)
+
+
+def _train_if_it_fits(job: Job, jobs: list[Job], runs_root: Path, stop_at: float, known: dict[str, dict],
+                      deferred: list[Job], partial: bool, progress: bool, worker: int) -> None:
+    """Returns None; trains ``job``'s run if this worker gets its lock and it fits before ``stop_at``: whole, or
+    (``partial``) up to its next checkpoint, so that a run longer than any budget still advances; a run that only
+    fits that way the first time is put on ``deferred``."""
+    cfg, where = job.cfg, f"{job.labels[0][0]} {job.labels[0][1]}, seed {job.cfg.seed}"
+    with run_lock(cfg, wait=False) as mine:
+        if not mine:
+            return  # a sibling or another bench process is training it
+        if cfg.name in _finished(jobs, runs_root, known):
+            return  # finished before we got its lock
+        need, left = estimate(job, jobs, known), stop_at - time.monotonic()
+        step = to_checkpoint(job, need, runs_root)
+        if not fits(need, left):
+            if not partial and fits(step, left):
+                deferred.append(job)
+                return
+            if not (partial and fits(step, left)):
                 print(f"[suite {worker}] {where}: not started, {left:.0f} s left: too few for "
                       + (f"its estimated {need:.0f} s" if need is not None else "a run's start"), flush=True)
-                continue
-            done = _checkpoint_round(runs_root / cfg.name)
-            print(f"[suite {worker}] {where}: {runs_root / cfg.name}"
-                  + (f", resumed after round {done}" if done else "")
-                  + (f", estimated {need:.0f} s" if need is not None else ", no estimate"), flush=True)
-            try:
-                summary = run_one(cfg, progress)
-            except HetflError as e:  # this run's problem (say a live `hetfl run --resume` of it): go on
-                print(f"hetfl: error: {where}: {e}", flush=True)
-                continue
-            for path in job.finished_files:
-                _record_finished(path, runs_root, cfg, summary)
-            known[cfg.name] = summary
+                return
+        done = _checkpoint_round(runs_root / cfg.name)
+        print(f"[suite {worker}] {where}: {runs_root / cfg.name}"
+              + (f", resumed after round {done}" if done else "")
+              + (f", estimated {need:.0f} s" if need is not None else ", no estimate"), flush=True)
+        try:
+            summary = run_one(cfg, progress)
+        except HetflError as e:  # this run's problem (say a live `hetfl run --resume` of it): go on
+            print(f"hetfl: error: {where}: {e}", flush=True)
+            return
+        for path in job.finished_files:
+            _record_finished(path, runs_root, cfg, summary)
+        known[cfg.name] = summary
 
 
 def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, workers: int,
@@ -260,7 +301,8 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     before = set(known)
     stop_at = started + time_budget - stop_margin(time_budget)
     # only runs that may fit now: a suite with nothing to do starts no process
-    todo = [j for j in jobs if j.cfg.name not in known and fits(estimate(j, jobs, known), stop_at - time.monotonic())]
+    todo = [j for j in jobs if j.cfg.name not in known and may_start(j, jobs, known, runs_root,
+                                                                         stop_at - time.monotonic())]
     codes = _run_workers(todo, jobs, runs_root, stop_at, workers, progress) if todo else []
     print(f"[suite] {'workers stopped' if todo else 'no run to start'} after {time.monotonic() - started:.1f} s "
           f"of the {time_budget:g} s budget", flush=True)
