@@ -24,6 +24,7 @@ from hetfl.cli import main
 from hetfl.config import Config
 from hetfl.methods import config_from
 from weights import assert_identical, weights
+from hetfl.rundir import STALE_SECONDS
 from hetfl.sim import Simulation
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -160,9 +161,11 @@ def tmp_cfg_run(tmp_sim):
 def test_kill_during_the_final_writes_then_resume_finishes_the_run(tmp_path, reference, point):
     run = killed_at(tmp_path, point)
     assert not (run / "summary.json").exists()  # no summary without a complete model: the model goes first
+    assert list(run.glob(".*.tmp"))  # the kill came between the write and the rename
     resume_ok(run)
     assert_identical(reference, weights(run))
     assert json.loads((run / "summary.json").read_text())["rounds"] == ROUNDS
+    assert not list(run.glob(".*.tmp"))  # the resume removed what the kill left
 
 
 def test_resume_repairs_a_truncated_final_model(tmp_sim):
@@ -256,7 +259,11 @@ def test_kill_before_any_checkpoint_restarts_from_round_1(tmp_path, reference):
 def test_kill_while_the_run_folder_is_created_leaves_no_folder(tmp_path):
     run = killed_at(tmp_path, "run-dir-created")
     assert not run.exists()  # so the same command simply runs again
+    [left] = run.parent.glob(".killed.*.creating")  # the folder being created, whose creator died
+    old = time.time() - STALE_SECONDS - 1
+    os.utime(left, (old, old))
     assert hetfl("run", "--quiet", *flags(small_cfg(tmp_path / "runs", name="killed", rounds=1))).returncode == 0
+    assert sorted(p.name for p in run.parent.iterdir()) == ["killed"]  # the next creation removed it
 
 
 # ---- 6. the bench runner resumes from checkpoint.old --------------------------------------------------------

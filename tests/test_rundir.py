@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 from hetfl.checkpoint import has_checkpoint, recover_checkpoint
 from hetfl.errors import HetflError
-from hetfl.rundir import (_write_then_rename, append_jsonl, atomic_write_json, atomic_write_text, check_location,
-                          lock_run_dir, read_jsonl, unlock_run_dir, write_jsonl)
+from hetfl.rundir import (append_jsonl, atomic_write_json, atomic_write_text, check_location, create_run_dir,
+                          lock_run_dir, read_jsonl, unlock_run_dir, write_jsonl, write_then_rename)
 
 
 def test_jsonl_drops_only_a_partial_last_line(tmp_path):
@@ -42,7 +44,7 @@ def test_atomic_writes_of_one_file_do_not_collide(tmp_path):
         tmp.write_text("outer\n")
         atomic_write_text(path, "inner\n")  # written and renamed before the outer write's rename
 
-    _write_then_rename(path, write_while_another_writes)
+    write_then_rename(path, write_while_another_writes)
     assert path.read_text() == "outer\n"
     assert [p.name for p in tmp_path.iterdir()] == ["summaries.json"]
 
@@ -56,7 +58,7 @@ def test_a_failed_atomic_write_keeps_the_old_file_and_no_temporary_one(tmp_path)
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        _write_then_rename(path, fail)
+        write_then_rename(path, fail)
     assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["s.json"]
 
 
@@ -109,3 +111,25 @@ def test_lock_refuses_another_process_and_not_this_one(tmp_path):
     unlock_run_dir(tmp_path)
     child = subprocess.run([sys.executable, "-c", LOCK_IN_CHILD, str(tmp_path)], capture_output=True, text=True)
     assert child.returncode == 0, child.stdout + child.stderr
+
+
+def test_only_abandoned_creations_are_removed(tmp_path):
+    """A creation folder is removed by the next run folder created beside it only when it is older than
+    STALE_SECONDS and no process holds its lock (its creator was killed)."""
+    import fcntl
+
+    from hetfl.rundir import STALE_SECONDS, unlock_run_dir
+
+    old = time.time() - STALE_SECONDS - 1
+    folders = {}
+    for name in ("abandoned", "recent", "held"):
+        folders[name] = tmp_path / f".{name}.x.creating"
+        folders[name].mkdir()
+        (folders[name] / ".lock").write_text("")
+        if name != "recent":
+            os.utime(folders[name], (old, old))
+    with open(folders["held"] / ".lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a live creator (this test) holds it
+        create_run_dir(tmp_path / "new", {"config.json": "{}"})
+    unlock_run_dir(tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".held.x.creating", ".recent.x.creating", "new"]

@@ -126,6 +126,41 @@ def load_checkpoint(run_dir: Path, config) -> dict | None:
     return payload
 
 
+def checked_payload(payload: dict, path: Path, rounds: int, params: dict[str, torch.Tensor]) -> dict:
+    """``payload`` after checking what resume takes from it: a round in [1, ``rounds``], a finite elapsed time, and a
+    server state whose parameters have the names, shapes and dtypes of ``params`` (the config's model) and, like
+    every tensor of the state, finite values. HetflError names the first problem."""
+    def bad(what: str) -> HetflError:
+        return HetflError(f"checkpoint {path} {what}; it is damaged: delete the run folder and start again")
+
+    round_index = payload.get("round")
+    if type(round_index) is not int or not 1 <= round_index <= rounds:
+        raise bad(f"holds round {round_index!r}, not a round in 1..{rounds}")
+    elapsed = payload.get("elapsed")
+    if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool) or not 0 <= elapsed < float("inf"):
+        raise bad(f"holds elapsed time {elapsed!r}, not a finite number of seconds")
+    state = payload.get("state")
+    parts = ("params", "opt", "extra")
+    if not isinstance(state, dict) or "params" not in state or \
+            not all(isinstance(state.get(k, {}), dict) for k in parts):
+        raise bad("lacks its server state (a table of params, opt and extra)")
+    saved = state["params"]
+    if set(saved) != set(params):
+        raise bad(f"holds the parameters of another model ({len(saved)} tensors; the config's has {len(params)})")
+    for name, tensor in saved.items():
+        want = params[name]
+        if not isinstance(tensor, torch.Tensor) or tensor.shape != want.shape or tensor.dtype != want.dtype:
+            got = f"{tuple(tensor.shape)} {tensor.dtype}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise bad(f"holds {name} of shape {got}, not {tuple(want.shape)} {want.dtype}")
+    for part in parts:
+        for name, tensor in state.get(part, {}).items():
+            if not isinstance(tensor, torch.Tensor):
+                raise bad(f"holds {part} {name} that is no tensor")
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise bad(f"holds {part} {name} with non-finite values (NaN or inf)")
+    return payload
+
+
 def same_config(saved: dict, config) -> bool:
     """Whether a checkpoint's resolved config ``saved`` is ``config``'s; an option only one of them records
     (added to hetfl after the checkpoint was written, or recorded only when set) matches at its default."""

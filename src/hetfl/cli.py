@@ -41,7 +41,7 @@ class IntermixedParser(Parser):
             self._inner = False
 
 
-NEGATIVE_VALUE = re.compile(r"^-\.?\d")  # -1, -0.5, -.5, -1,2,7: a value, never a flag
+NEGATIVE_VALUE = re.compile(r"^-(\.?\d|inf|nan)", re.IGNORECASE)  # -1, -0.5, -.5, -1,2,7, -inf: a value, never a flag
 
 
 def join_negative_values(argv: list[str]) -> list[str]:
@@ -79,8 +79,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         for name, f in fields.items():
             choices = f.metadata.get("choices")
             extra = f" {{{','.join(choices)}}}" if choices else ""
-            text = f"{f.metadata['help']}{extra} (default: {default_of(f)})" + (f" [{', '.join(owners[name])}]"
-                                                                                 if own else "")
+            valid = f.metadata.get("range")
+            allowed = f"allowed: {valid.describe()}; " if valid else ""
+            text = f"{f.metadata['help']}{extra} ({allowed}default: {default_of(f)})" + \
+                (f" [{', '.join(owners[name])}]" if own else "")
             group.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="V",
                                help=text.replace("%", "%%"))  # argparse formats help strings with %
 
@@ -91,17 +93,54 @@ def given_options(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
+def check_paths_given(args) -> None:
+    """Returns None; raises HetflError for a ``--config`` or ``--resume`` given as an empty string (which would
+    otherwise read as not given)."""
+    for flag in ("config", "resume"):
+        if getattr(args, flag) == "":
+            raise HetflError(f"--{flag} needs a path, got an empty string")
+
+
+def parse_seeds(text: str | None, command: str) -> list[int] | None:
+    """The seeds of ``--seeds a,b,c`` (None when not given); HetflError unless each is an integer in [0, 2^32)."""
+    if text is None:
+        return None
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise HetflError(f"{command}: --seeds must be comma-separated integers, got {text!r}") from None
+    bad = [s for s in seeds if not 0 <= s < 2 ** 32]
+    if bad:
+        raise HetflError(f"{command}: --seeds must be in [0, 2^32), got seed {bad[0]}")
+    return seeds
+
+
+def check_bench_args(args) -> None:
+    """Returns None; raises HetflError naming the first of bench's counts, budgets or devices that is not usable."""
+    command = f"bench {args.preset}"
+    for flag, value, low in (("rounds", args.rounds, 1), ("repeats", args.repeats, 1), ("kills", args.kills, 1),
+                             ("workers", args.workers, 1)):
+        if value is not None and value < low:
+            raise HetflError(f"{command}: --{flag} must be an integer >= {low}, got {value}")
+    if args.device is not None:
+        from .sim import resolve_device
+
+        resolve_device(args.device)
+    parse_seeds(args.seeds, command)
+
+
 def cmd_run(args) -> int:
     from .report import run_table
     from .sim import Simulation
 
-    if args.resume:
-        if args.config or given_options(args):
+    check_paths_given(args)
+    if args.resume is not None:
+        if args.config is not None or given_options(args):
             raise HetflError("--resume takes no other options: the run folder's config.json defines the run")
         sim = Simulation.resume(args.resume)
     else:
         overrides = given_options(args)
-        cfg = load_config(args.config, overrides) if args.config else config_from(overrides, source="flags")
+        cfg = load_config(args.config, overrides) if args.config is not None else config_from(overrides, source="flags")
         sim = Simulation(cfg)
     summary = sim.run(progress=not args.quiet)  # a finished run only has its final files checked (and repaired)
     print(run_table(summary))
@@ -120,26 +159,27 @@ def cmd_deploy(args) -> int:
     from .report import run_table
     from .sim import Simulation
 
-    if args.write_app:
+    if args.write_app is not None:
         print(f"Flower App written to {write_app(Path(args.write_app))}")
         return 0
-    if args.resume:
-        if args.config or given_options(args) or args.nodes is not None:
+    check_paths_given(args)
+    if args.resume is not None:
+        if args.config is not None or given_options(args) or args.nodes is not None:
             raise HetflError("deploy: --resume takes no experiment options or --nodes: the run folder's config.json "
                              "defines the run")
         run_dir = Path(args.resume)
         if not (run_dir / "config.json").is_file():
             raise HetflError(f"{run_dir} is not a hetfl run folder (no config.json)")
-        cfg = load_config(run_dir / "config.json")
+        cfg = load_config(run_dir / "config.json").validate()
     else:
         overrides = given_options(args)
         if args.nodes is not None:  # every client is a SuperNode
-            given = {**(Config.read(args.config) if args.config else {}), **overrides}.get("num_clients")
+            given = {**(Config.read(args.config) if args.config is not None else {}), **overrides}.get("num_clients")
             if args.nodes < 1 or (given is not None and str(given) != str(args.nodes)):
                 raise HetflError(f"deploy: --nodes {args.nodes} must be >= 1 and, every client being a SuperNode, "
                                  f"equal num_clients ({given}); drop one of them")
             overrides["num_clients"] = args.nodes
-        cfg = load_config(args.config, overrides) if args.config else config_from(overrides, source="flags")
+        cfg = load_config(args.config, overrides) if args.config is not None else config_from(overrides, source="flags")
         run_dir = None
     extra = parse_node_configs(args.node_config or [], cfg.num_clients)
     if run_dir is None:
@@ -161,7 +201,11 @@ def cmd_data_describe(args) -> int:
     from .data import class_histogram, load_dataset, partition
     from .data.describe import describe_partition, plot_heatmap
 
-    cfg = config_from(given_options(args), source="flags")  # partition() checks its own options
+    cfg = config_from(given_options(args), source="flags").check_values()  # partition() checks how they combine
+    if args.png is not None:
+        from .plots import image_path
+
+        image_path(args.png, "--png")  # before the work
     dataset = load_dataset(cfg.dataset, cfg.data_dir or None, cfg.max_length)
     parts = partition(dataset.y_train, cfg.num_clients, cfg.partition, alpha=cfg.alpha,
                       classes_per_client=cfg.classes_per_client, min_size=cfg.min_client_size, seed=cfg.seed)
@@ -195,10 +239,7 @@ def cmd_bench_suite(args) -> int:
                          "writes the table of every preset whose runs are all finished")
     if args.time_budget is None:
         raise HetflError("bench suite: --time-budget SECONDS is required (the device time to spend)")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    except ValueError:
-        raise HetflError(f"bench suite: --seeds must be comma-separated integers, not '{args.seeds}'") from None
+    seeds = parse_seeds(args.seeds, "bench suite")
     result = run_suite(args.more_presets, time_budget=args.time_budget,
                        workers=1 if args.workers is None else args.workers, device=args.device, out=args.out,
                        runs_dir=args.runs_dir, rounds=args.rounds, seeds=seeds, progress=not args.quiet)
@@ -206,6 +247,7 @@ def cmd_bench_suite(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    check_bench_args(args)
     if args.preset == "suite":
         return cmd_bench_suite(args)
     if args.more_presets:  # the message argparse gave before `suite` took more than one preset
@@ -247,12 +289,12 @@ def cmd_bench(args) -> int:
     if args.preset == "chaos":
         from .bench.chaos import run_chaos
 
-        seed = int(args.seeds.split(",")[0]) if args.seeds else 0
+        seed = (parse_seeds(args.seeds, "bench chaos") or [0])[0]
         return 0 if run_chaos(kills=args.kills, rounds=args.rounds or 40, seed=seed, out=args.out)["ok"] else 1
     from .bench.runner import run_bench
 
     overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    seeds = parse_seeds(args.seeds, "bench")
     out = run_bench(args.preset, out=args.out, runs_dir=args.runs_dir, overrides=overrides, seeds=seeds,
                     progress=not args.quiet, report_only=args.report_only, reuse_saved=args.reuse_saved)
     print(f"results written to {out}")
@@ -324,22 +366,32 @@ def cmd_costs(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from .plots import plot_curves
-    from .rundir import read_jsonl, warn_partial_line
+    from .plots import image_path, plot_curves
+    from .rundir import check_rounds, read_jsonl, warn_partial_line
 
     run_dir = Path(args.run_dir)
-    history, partial = read_jsonl(run_dir / "metrics.jsonl")
-    if partial:
-        warn_partial_line(run_dir / "metrics.jsonl", "plotting the complete rounds")
-    if not history:
-        raise HetflError(f"{run_dir} has no metrics.jsonl with rounds to plot")
+    metrics = run_dir / "metrics.jsonl"
+    if not run_dir.is_dir():
+        raise HetflError(f"{run_dir} is not a run folder")
+    out = image_path(args.out if args.out is not None else run_dir / "curves.png", "--out")
+    history, partial = read_jsonl(metrics)
+    check_rounds(history, metrics)
     curves = {}
     for r in history:
-        for label, ev in r["eval"].items():
+        evaluation = r.get("eval", {})
+        if not isinstance(evaluation, dict) or not all(isinstance(ev, dict) for ev in evaluation.values()):
+            raise HetflError(f"{metrics}: round {r['round']}'s eval must map each model to its accuracies")
+        for label, ev in evaluation.items():
             for key, acc in ev.items():
                 if key.startswith("exit") or key == "ensemble":
+                    if not isinstance(acc, (int, float)) or isinstance(acc, bool) or not 0 <= acc <= 1:
+                        raise HetflError(f"{metrics}: round {r['round']}'s {label}/{key} is {acc!r}, not an "
+                                         "accuracy in [0, 1]")
                     curves.setdefault(f"{label}/{key}", [[]])[0].append((r["round"], acc))
-    out = args.out or str(run_dir / "curves.png")
+    if not curves:
+        raise HetflError(f"{metrics} has no evaluated rounds to plot")
+    if partial:
+        warn_partial_line(metrics, "plotting the complete rounds")
     plot_curves(curves, out, title=run_dir.name)
     print(f"curves written to {out}")
     return 0

@@ -21,10 +21,10 @@ from typing import Any
 from .aggregation import SERVER_OPTIMIZERS
 from .data.partition import SCHEMES
 from .devices import BUDGET_UNITS, SCENARIOS
-from .errors import HetflError
+from .errors import HetflError, read_text_file
 from .evaluate import INFERENCES
 from .models import FINETUNE_MODES, MODEL_NAMES, NORMS
-from .options import check_choices, coerce, opt, option_fields, recorded
+from .options import Range, check_choices, check_ranges, coerce, opt, option_fields, recorded
 from .rundir import check_location
 from .slicing import SCALINGS, TRAIN_EXITS
 
@@ -39,33 +39,33 @@ class Config:
 
     # what to run
     method: str = opt("alllarge", "method to run (see `hetfl methods`)")
-    seed: int = opt(0, "seed of every random choice (data split, levels, sampling, init, batches)")
+    seed: int = opt(0, "seed of every random choice (data split, levels, sampling, init, batches)", valid=Range(0, 2 ** 32 - 1))
     # data
     dataset: str = opt("fmnist", "fmnist, digits, mnist, emnist, cifar10, cifar100, 20ng, r8 (text), npz:PATH or idx:DIR")
     data_dir: str = opt("", "folder holding the dataset files (default: the usual places, see README)")
-    num_clients: int = opt(100, "number of clients")
+    num_clients: int = opt(100, "number of clients", valid=Range(1, 10 ** 6))
     partition: str = opt("iid", "how samples are split over clients",
                          SCHEMES)
-    alpha: float = opt(0.5, "Dirichlet concentration (smaller = more skewed), > 0")
-    classes_per_client: int = opt(2, "classes per client for the pathological partition")
-    min_client_size: int = opt(10, "minimum samples per client for dirichlet-unequal")
-    client_test_fraction: float = opt(0.0, "fraction of each client's samples held out as its local test set")
-    crop_padding: int = opt(0, "random-crop padding in pixels (0 = no crop)")
+    alpha: float = opt(0.5, "Dirichlet concentration (smaller = more skewed), > 0", valid=Range(0, low_open=True))
+    classes_per_client: int = opt(2, "classes per client for the pathological partition", valid=Range(1))
+    min_client_size: int = opt(10, "minimum samples per client for dirichlet-unequal", valid=Range(0))
+    client_test_fraction: float = opt(0.0, "fraction of each client's samples held out as its local test set", valid=Range(0, 1, high_open=True))
+    crop_padding: int = opt(0, "random-crop padding in pixels (0 = no crop)", valid=Range(0))
     flip: bool = opt(False, "random horizontal flips")
     max_length: int = opt(128, "text datasets: tokens per document after the pretrained tokenizer (truncated, padded)",
-                          added_later=True)
+                          added_later=True, valid=Range(2, 512))
     # model
     model: str = opt("cnn", "backbone family", MODEL_NAMES)
     finetune: str = opt("full", "what of a pretrained backbone (minilm) trains: all of it, nothing (frozen), LoRA, "
                         "parallel or serial adapters, or SSF scale-and-shift; exits always train", FINETUNE_MODES,
                         added_later=True)
-    adapter_rank: int = opt(32, "rank of LoRA (alpha = 2 x rank) and of the adapters' bottleneck", added_later=True)
+    adapter_rank: int = opt(32, "rank of LoRA (alpha = 2 x rank) and of the adapters' bottleneck", added_later=True, valid=Range(1, 4096))
     cache_frozen_features: bool = opt(False, "with --finetune frozen: compute each document's exit summaries once "
                                       "and read them back instead of running the frozen layers (a large speed-up; "
                                       "equal up to float rounding)", added_later=True)
     exit_every: int = opt(0, "an exit after every k-th block, the last block included (0 = the model's default)",
-                          added_later=True)
-    model_width: float = opt(1.0, "width multiplier of the global model (1 = 64/128/256/512 channels), > 0")
+                          added_later=True, valid=Range(0))
+    model_width: float = opt(1.0, "width multiplier of the global model (1 = 64/128/256/512 channels), > 0", valid=Range(0, low_open=True))
     norm: str = opt("bn", "normalisation layers: bn (batch statistics) or none", NORMS)
     exits: list[int] = opt([], "0-based blocks an exit classifier reads, the last block included (default: the "
                            "backbone's: every block of the CNN and the ViT, every stage of the ResNets)",
@@ -80,34 +80,34 @@ class Config:
                       "full-depth model at width budget_ratios[l] (FeDepth's budgets)", BUDGET_UNITS)
     budget_ratios: list[float] = opt([], "budget of each level as a fraction of the full model's cost (width-memory: "
                                      "a width ratio, may exceed 1), increasing (default l/levels; 2d scaling: "
-                                     "2^(l - levels), ScaleFL's 12.5/25/50/100%)")
-    levels: int = opt(4, "number of device levels")
-    proportions: list[float] = opt([], "share of clients per level, smallest level first (default equal), e.g. 1,2,7")
-    widths: list[float] = opt([], "width-scaling methods: width ratio per level, smallest first (default l/levels)")
+                                     "2^(l - levels), ScaleFL's 12.5/25/50/100%)", valid=Range(0, low_open=True))
+    levels: int = opt(4, "number of device levels", valid=Range(1, 64))
+    proportions: list[float] = opt([], "share of clients per level, smallest level first (default equal), e.g. 1,2,7", valid=Range(0))
+    widths: list[float] = opt([], "width-scaling methods: width ratio per level, smallest first (default l/levels)", valid=Range(0, 1, low_open=True))
     scaler: bool = opt(False, "HeteroFL's Scaler: divide activations by the width ratio in training")
     static_bn_samples: int = opt(10000, "BatchNorm models are evaluated with static statistics (HeteroFL's sBN) of "
-                                 "a seeded subset of this many training samples (0 = all of them)")
+                                 "a seeded subset of this many training samples (0 = all of them)", valid=Range(0))
     # federated rounds
-    rounds: int = opt(30, "communication rounds")
-    client_fraction: float = opt(0.1, "fraction of clients sampled per round, in (0, 1]")
-    local_epochs: int = opt(1, "local epochs per round")
-    batch_size: int = opt(32, "local batch size")
-    lr: float = opt(0.05, "client learning rate")
+    rounds: int = opt(30, "communication rounds", valid=Range(1))
+    client_fraction: float = opt(0.1, "fraction of clients sampled per round, in (0, 1]", valid=Range(0, 1, low_open=True))
+    local_epochs: int = opt(1, "local epochs per round", valid=Range(1, 10 ** 4))
+    batch_size: int = opt(32, "local batch size", valid=Range(1))
+    lr: float = opt(0.05, "client learning rate", valid=Range(0, low_open=True))
     lr_schedule: str = opt("constant", "learning-rate schedule over rounds", LR_SCHEDULES)
-    lr_steps: list[int] = opt([], "step schedule: rounds at which lr is multiplied by lr_gamma")
-    lr_gamma: float = opt(0.1, "step: factor per step; exponential: factor per round")
-    lr_min: float = opt(0.0, "cosine: final learning rate")
-    momentum: float = opt(0.9, "client SGD momentum")
-    weight_decay: float = opt(5e-4, "client weight decay")
-    clip_grad: float = opt(0.0, "max gradient L2 norm (0 = no clipping)")
+    lr_steps: list[int] = opt([], "step schedule: rounds at which lr is multiplied by lr_gamma", valid=Range(1))
+    lr_gamma: float = opt(0.1, "step: factor per step; exponential: factor per round", valid=Range(0, low_open=True))
+    lr_min: float = opt(0.0, "cosine: final learning rate", valid=Range(0))
+    momentum: float = opt(0.9, "client SGD momentum", valid=Range(0, 1, high_open=True))
+    weight_decay: float = opt(5e-4, "client weight decay", valid=Range(0))
+    clip_grad: float = opt(0.0, "max gradient L2 norm (0 = no clipping)", valid=Range(0))
     clip_value: float = opt(0.0, "clip every gradient element to [-v, v] (0 = no clipping; ReeFL's Appendix A "
-                                 "clips at 1)", added_later=True)
+                                 "clips at 1)", added_later=True, valid=Range(0))
     train_exits: str = opt("all", "exits that get a loss: every exit of the sub-model, or the last", TRAIN_EXITS)
     inference: str = opt("last", "headline prediction: the last exit, or the ensemble (mean of the exits' logits)",
                          INFERENCES)
-    prox_mu: float = opt(0.0, "FedProx proximal weight mu (0 = off)")
+    prox_mu: float = opt(0.0, "FedProx proximal weight mu (0 = off)", valid=Range(0))
     split_epsilon: list[float] = opt([0.1], "2d scaling: cost tolerance epsilon_l of the split search, Eq. (1); "
-                                     "one value for every level or one per level")
+                                     "one value for every level or one per level", valid=Range(0, low_open=True))
     split_nested: bool = opt(True, "2d scaling: keep the level splits nested (each at least as deep and as wide as "
                              "the one before); false: Eq. (1)'s unconstrained argmin per level", added_later=True)
     split_cost: str = opt("macs", "2d scaling: the cost the split search matches: MACs per sample, or params "
@@ -116,28 +116,28 @@ class Config:
     # server
     server_opt: str = opt("fedavg", "server optimizer", SERVER_OPTIMIZERS)
     server_lr: float = opt(0.0, "server learning rate; 0 = the optimizer's usual one: FedAvg 1 (plain averaging), "
-                           "FedAdam eta = 1e-2 (Reddi et al. 2021)")
-    adam_beta1: float = opt(0.9, "FedAdam beta1")
-    adam_beta2: float = opt(0.99, "FedAdam beta2")
-    adam_tau: float = opt(1e-3, "FedAdam adaptivity tau")
-    feddyn_alpha: float = opt(0.1, "FedDyn alpha")
+                           "FedAdam eta = 1e-2 (Reddi et al. 2021)", valid=Range(0))
+    adam_beta1: float = opt(0.9, "FedAdam beta1", valid=Range(0, 1, high_open=True))
+    adam_beta2: float = opt(0.99, "FedAdam beta2", valid=Range(0, 1, high_open=True))
+    adam_tau: float = opt(1e-3, "FedAdam adaptivity tau", valid=Range(0, low_open=True))
+    feddyn_alpha: float = opt(0.1, "FedDyn alpha", valid=Range(0, low_open=True))
     aggregation_weights: str = opt("samples", "weights of the masked mean", ("samples", "uniform"))
     # faults (simulator) and deadlines (Flower)
     dropout_fraction: float = opt(0.0, "simulator: fraction of the sampled clients that drop out each round (seeded; "
-                                  "they send nothing and are recorded as missing)", added_later=True)
+                                  "they send nothing and are recorded as missing)", added_later=True, valid=Range(0, 1))
     corrupt_fraction: float = opt(0.0, "simulator: fraction of the sampled clients that send a corrupted update each "
                                   "round (NaN or inf values, a wrong shape or dtype, an unassigned sub-model or a "
-                                  "sample count of 0; seeded), which the server rejects", added_later=True)
+                                  "sample count of 0; seeded), which the server rejects", added_later=True, valid=Range(0, 1))
     round_timeout: float = opt(600.0, "Flower: seconds the server waits for a round's replies (and, at the start, for "
                                "the nodes to say who they are); a client that has not replied by then is missing",
-                               added_later=True)
+                               added_later=True, valid=Range(0, 7 * 24 * 3600, low_open=True))
     # evaluation and bookkeeping
-    eval_every: int = opt(1, "evaluate every N rounds (and always after the last)")
-    eval_batch_size: int = opt(1000, "evaluation batch size")
-    target_accuracy: float = opt(0.0, "report the first round whose headline accuracy reaches this (0 = none)")
-    checkpoint_every: int = opt(5, "checkpoint every N rounds (and always after the first and the last)")
+    eval_every: int = opt(1, "evaluate every N rounds (and always after the last)", valid=Range(1))
+    eval_batch_size: int = opt(1000, "evaluation batch size", valid=Range(1))
+    target_accuracy: float = opt(0.0, "report the first round whose headline accuracy reaches this (0 = none)", valid=Range(0, 1))
+    checkpoint_every: int = opt(5, "checkpoint every N rounds (and always after the first and the last)", valid=Range(1))
     checkpoint_seconds: float = opt(300.0, "also checkpoint after a round once this many seconds passed since the "
-                                    "last checkpoint, so a kill loses at most that much work (0 = by rounds only)")
+                                    "last checkpoint, so a kill loses at most that much work (0 = by rounds only)", valid=Range(0))
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:1, ...")
     executor: str = opt("auto", "how the simulator trains a round's clients: one after another (sequential), or those that share a sub-model and a step schedule stacked under torch.func.vmap (batched; for accelerators); auto: batched on CUDA, sequential elsewhere", EXECUTORS, added_later=True)
     out: str = opt("runs", "folder where run folders are created")
@@ -171,14 +171,15 @@ class Config:
     def read(path: str | Path) -> dict[str, Any]:
         """The option values of a TOML file (or of the JSON a run folder holds)."""
         path = Path(path)
+        kind = "JSON" if path.suffix == ".json" else "TOML"
+        text = read_text_file(path, f"config file {path}")
         try:
-            text = path.read_text()
-        except OSError as e:
-            raise HetflError(f"config file {path} cannot be read: {e.strerror}") from None
-        try:
-            return json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+            values = json.loads(text) if kind == "JSON" else tomllib.loads(text)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-            raise HetflError(f"config file {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {e}") from None
+            raise HetflError(f"config file {path} is not valid {kind}: {e}") from None
+        if not isinstance(values, dict):
+            raise HetflError(f"config file {path} must hold a {kind} object of options, got {type(values).__name__}")
+        return values
 
     def to_dict(self) -> dict[str, Any]:
         """Every option as plain values, the method's own ones beside the generic ones (one flat mapping); an
@@ -192,61 +193,30 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     # ---- validation ----------------------------------------------------------------------
-    def validate(self) -> Config:
-        """Self, after checking every field; raises HetflError naming the first bad one."""
+    def check_values(self) -> Config:
+        """Self, after checking each option on its own (its choices, its type's and its range's limits)."""
         check_choices(self)
-        positive_ints = ("num_clients", "rounds", "local_epochs", "batch_size", "levels", "eval_every",
-                         "checkpoint_every", "eval_batch_size", "classes_per_client", "adapter_rank")
-        for name in positive_ints:
-            if getattr(self, name) < 1:
-                raise HetflError(f"{name} must be an integer >= 1, got {getattr(self, name)}")
-        if not 0 < self.client_fraction <= 1:
-            raise HetflError(f"client_fraction must be in (0, 1], got {self.client_fraction}")
-        if not self.alpha > 0:
-            raise HetflError(f"alpha must be > 0, got {self.alpha}")
-        if not 0 <= self.client_test_fraction < 1:
-            raise HetflError(f"client_test_fraction must be in [0, 1), got {self.client_test_fraction}")
-        if not self.model_width > 0:
-            raise HetflError(f"model_width must be > 0, got {self.model_width}")
-        for name in ("lr", "feddyn_alpha", "adam_tau"):
-            if not getattr(self, name) > 0:
-                raise HetflError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("momentum", "adam_beta1", "adam_beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise HetflError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        check_ranges(self)
+        return self
+
+    def validate(self) -> Config:
+        """Self, after checking every field and how they combine for a run; raises HetflError naming the first bad
+        one."""
+        self.check_values()
         if self.cache_frozen_features and self.finetune != "frozen":
             raise HetflError(f"cache_frozen_features needs finetune = frozen (layers that train change the summaries "
                              f"it would keep), got finetune = {self.finetune}; drop it")
-        if self.max_length < 2:
-            raise HetflError(f"max_length must be >= 2 tokens ([CLS] and [SEP]), got {self.max_length}")
-        for name in ("exit_every", "static_bn_samples", "server_lr", "weight_decay", "clip_grad", "clip_value", "prox_mu", "lr_min", "crop_padding",
-                     "min_client_size"):
-            if getattr(self, name) < 0:
-                raise HetflError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("dropout_fraction", "corrupt_fraction"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise HetflError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if not self.round_timeout > 0:
-            raise HetflError(f"round_timeout must be > 0 seconds, got {self.round_timeout}")
-        if not self.checkpoint_seconds >= 0:
-            raise HetflError(f"checkpoint_seconds must be >= 0, got {self.checkpoint_seconds}")
         check_location(self.out, self.name)  # before anything is loaded or created
-        if not 0 <= self.target_accuracy <= 1:
-            raise HetflError(f"target_accuracy must be a fraction in [0, 1], got {self.target_accuracy}")
-        if not self.lr_gamma > 0:
-            raise HetflError(f"lr_gamma must be > 0, got {self.lr_gamma}")
         if self.proportions and len(self.proportions) != self.levels:
             raise HetflError(f"proportions has {len(self.proportions)} entries but levels is {self.levels}; "
                              "give one share per level")
-        if len(self.split_epsilon) not in (1, self.levels) or not all(e > 0 for e in self.split_epsilon):
+        if len(self.split_epsilon) not in (1, self.levels):
             raise HetflError(f"split_epsilon must be > 0, one value or one per level ({self.levels}), "
                              f"got {self.split_epsilon}")
         if self.budget_ratios:
             if len(self.budget_ratios) != self.levels:
                 raise HetflError(f"budget_ratios has {len(self.budget_ratios)} entries but levels is {self.levels}; "
                                  "give one ratio per level")
-            if not all(r > 0 for r in self.budget_ratios):
-                raise HetflError(f"budget_ratios must be > 0, got {self.budget_ratios}")
             if any(b <= a for a, b in zip(self.budget_ratios, self.budget_ratios[1:])):
                 raise HetflError(f"budget_ratios must increase from the smallest level to the largest, "
                                  f"got {self.budget_ratios}")
@@ -257,12 +227,8 @@ class Config:
             if len(self.widths) != self.levels:
                 raise HetflError(f"widths has {len(self.widths)} entries but levels is {self.levels}; "
                                  "give one width per level")
-            if not all(0 < w <= 1 for w in self.widths):
-                raise HetflError(f"widths must be in (0, 1], got {self.widths}")
             if any(b <= a for a, b in zip(self.widths, self.widths[1:])):
                 raise HetflError(f"widths must increase from the smallest level to the largest, got {self.widths}")
-        if any(s < 1 for s in self.lr_steps):
-            raise HetflError(f"lr_steps must be rounds >= 1, got {self.lr_steps}")
         if self.num_clients * self.client_fraction < 1:
             raise HetflError(f"client_fraction {self.client_fraction} of {self.num_clients} clients samples "
                              "no client; raise client_fraction or num_clients")

@@ -15,3 +15,16 @@ def warn(message: str) -> None:
     import sys
 
     print(f"hetfl: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+
+
+def read_text_file(path, what: str) -> str:
+    """The UTF-8 text of the file ``path``; HetflError naming ``what`` when it is missing, a folder, unreadable or
+    not UTF-8."""
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise HetflError(f"{what} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except OSError as e:
+        raise HetflError(f"{what} cannot be read: {e.strerror or e}") from None

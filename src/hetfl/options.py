@@ -7,21 +7,93 @@ that both reach the CLI and TOML files the same way.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import field
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import HetflError
 
 
-def opt(default: Any, help: str, choices: tuple | None = None, added_later: bool = False):
-    """An option field with its help text and, for enumerations, the allowed values.
+FLOAT32_MAX = 3.4028234663852886e38  # every float option ends up in a float32 tensor or beside one
+INT64_MAX = 2 ** 63 - 1
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric option allows: ``low`` and ``high`` (None: unbounded), each closed unless ``*_open``.
+
+    Floats must also be finite and within float32's range, ints within int64's: the limits of the
+    tensors and files every option reaches.
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` is within the bounds."""
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def describe(self) -> str:
+        """The bounds as a user reads them: "> 0", ">= 1", "in (0, 1]"."""
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return f"{'<' if self.high_open else '<='} {self.high:g}"
+
+    def edges(self, integer: bool) -> list[str]:
+        """Values just outside each bound, as flag text (for tests of the bounds)."""
+        out = []
+        for bound, is_open, down in ((self.low, self.low_open, True), (self.high, self.high_open, False)):
+            if bound is None:
+                continue
+            if integer:
+                out.append(str(int(bound) - 1 if down else int(bound) + 1))
+            else:
+                out.append(repr(float(bound)) if is_open else repr(math.nextafter(bound, -math.inf if down else math.inf)))
+        return out
+
+
+def check_value(name: str, value: Any, kind: str, valid: Range | None) -> None:
+    """Returns None; raises HetflError unless ``value`` (an int, a float or a list of them, by ``kind``) is usable:
+    finite floats within float32's range, ints within int64's, and every value within ``valid``."""
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if "float" in kind and not (math.isfinite(item) and abs(item) <= FLOAT32_MAX):
+            raise HetflError(f"{name} must be a finite number{' ' + valid.describe() if valid else ''} within "
+                             f"float32's range, got {item!r}")
+        if "int" in kind and not -INT64_MAX - 1 <= item <= INT64_MAX:
+            raise HetflError(f"{name} must be a 64-bit integer{' ' + valid.describe() if valid else ''}, got {item}")
+        if valid is not None and not valid.holds(item):
+            what = "an integer " if "int" in kind and "list" not in kind else ""
+            raise HetflError(f"{name} must be {what}{valid.describe()}, got "
+                             f"{value if isinstance(value, list) else item}")
+
+
+def check_ranges(obj) -> None:
+    """Returns None; raises HetflError naming the first numeric field of the dataclass ``obj`` that is not usable
+    (``check_value``)."""
+    for f in dataclasses.fields(obj):
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if kind in ("int", "float", "list[int]", "list[float]"):
+            check_value(f.name, getattr(obj, f.name), kind, f.metadata.get("range"))
+
+
+def opt(default: Any, help: str, choices: tuple | None = None, added_later: bool = False,
+        valid: Range | None = None):
+    """An option field with its help text and, for enumerations, the allowed values; for numbers, the range
+    ``valid`` they must be in (``check_ranges``).
 
     ``added_later``: the option came after run folders, checkpoints and bench folder names had
     recorded resolved configs; it is recorded only when it differs from its default
     (``recorded``), so that an earlier run's config stays what it was (absent = the default).
     """
     kwargs = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
-    return field(metadata={"help": help, "choices": choices, "added_later": added_later}, **kwargs)
+    return field(metadata={"help": help, "choices": choices, "added_later": added_later, "range": valid}, **kwargs)
 
 
 def recorded(values: dict[str, Any], cls) -> dict[str, Any]:
@@ -51,27 +123,57 @@ def check_choices(obj) -> None:
 
 
 def coerce(key: str, value: Any, annotation: Any, source: str) -> Any:
-    """``value`` converted to the field's type; a one-line error naming the field if it cannot be."""
+    """``value`` converted to the field's type; a one-line error naming the field if it cannot be.
+
+    Text converts (a flag's value is text); otherwise the value must already be of the type: a TOML
+    ``rounds = true``, ``flip = 5`` or ``lr_steps = [1.7]`` is an error, not 1 round, true, or [1].
+    """
     kind = annotation.__name__ if isinstance(annotation, type) else str(annotation)  # "int", "list[float]", ...
     try:
         if kind.startswith("list"):
-            items = value.split(",") if isinstance(value, str) else list(value)
-            item_type = float if "float" in kind else int
-            return [item_type(x) for x in items if str(x).strip() != ""]
-        if kind == "bool":
             if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
+                items = [x for x in value.split(",") if x.strip() != ""] if value.strip() else []
+                if len(items) != len(value.split(",")) and value.strip():
+                    raise ValueError  # "1,,2": an empty item is a typo, not a skipped value
+            elif isinstance(value, (list, tuple)):
+                items = list(value)
+            else:
                 raise ValueError
-            return bool(value)
-        if kind == "int":
-            if isinstance(value, float) and not value.is_integer():
+            item = "float" if "float" in kind else "int"
+            return [_scalar(x, item) for x in items]
+        return _scalar(value, kind)
+    except (TypeError, ValueError, OverflowError):
+        raise HetflError(f"{source}: {key} must be of type {kind}, got {value!r}") from None
+
+
+def _scalar(value: Any, kind: str) -> Any:
+    """``value`` as a ``kind`` (bool, int, float or str): text is parsed, other types must match (ValueError)."""
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.strip().lower() in ("1", "true", "yes", "on")
+        raise ValueError
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError
+        return value
+    if isinstance(value, bool):  # a bool is an int to Python, never a number to a user
+        raise ValueError
+    if kind == "int":
+        if isinstance(value, str):
+            return int(value.strip())
+        if isinstance(value, float):
+            if not value.is_integer():
                 raise ValueError
             return int(value)
-        if kind == "float":
+        if isinstance(value, int):
+            return value
+        raise ValueError
+    if kind == "float":
+        if isinstance(value, (int, float)):
             return float(value)
-        return str(value)
-    except (TypeError, ValueError):
-        raise HetflError(f"{source}: {key} must be of type {kind}, got {value!r}") from None
+        if isinstance(value, str):
+            return float(value.strip())
+        raise ValueError
+    return value

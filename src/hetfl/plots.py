@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -11,7 +12,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 import numpy as np  # noqa: E402
+
+from .errors import HetflError  # noqa: E402
+from .rundir import write_then_rename  # noqa: E402
 
 MAX_CURVES_PER_PANEL = 8  # beyond this, one panel's colours repeat and its legend hides the curves
 
@@ -58,5 +63,36 @@ def plot_curves(curves: dict[str, list[list[tuple[int, float]]]], path: str | Pa
         ax.set_visible(False)
     fig.suptitle(textwrap.fill(title, 60 * cols), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
+
+
+def image_path(path: str | Path, flag: str) -> Path:
+    """``path`` after checking that an image can be written there: a file name (not a folder) in an existing,
+    writable folder, with an extension matplotlib writes (.png, .pdf, .svg, ...). Check it before the work that
+    makes the image."""
+    path = Path(path)
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    fmt = path.suffix.lstrip(".").lower()
+    if path.is_dir():
+        raise HetflError(f"{flag} {path} is a folder; give an image file name such as {path / 'curves.png'}")
+    if fmt not in formats:
+        raise HetflError(f"{flag} {path}: cannot write images of format '{fmt or '(no extension)'}'; "
+                         f"use one of: {', '.join(sorted(formats))}")
+    parent = path.parent
+    if not parent.is_dir():
+        raise HetflError(f"{flag} {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise HetflError(f"{flag} {path}: folder {parent} is not writable")
+    return path
+
+
+def save_figure(fig, path: str | Path) -> None:
+    """Returns None; writes ``fig`` to ``path`` (its format from the extension) through a temporary file and a rename,
+    so that a failed or killed write leaves no half image."""
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    try:
+        write_then_rename(path, lambda tmp: fig.savefig(tmp, format=fmt))
+    except OSError as e:
+        raise HetflError(f"cannot write {path}: {e.strerror or e}") from None

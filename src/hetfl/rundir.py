@@ -22,6 +22,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -52,7 +53,7 @@ def crash_point(name: str) -> None:
 _writes = itertools.count()
 
 
-def _write_then_rename(path: Path, write) -> None:
+def write_then_rename(path: Path, write) -> None:
     """Returns None; ``write(tmp)`` to a temporary file next to ``path``, then renames it onto ``path``. The
     temporary name is this write's own (process, thread, count): bench processes that finish together all
     write the same summaries.json, and a shared name let one rename the file another was still writing."""
@@ -68,7 +69,7 @@ def _write_then_rename(path: Path, write) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Returns None; writes ``text`` to ``path`` through a temporary file and a rename."""
-    _write_then_rename(path, lambda tmp: tmp.write_text(text))
+    write_then_rename(path, lambda tmp: tmp.write_text(text))
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -78,7 +79,7 @@ def atomic_write_json(path: Path, obj) -> None:
 
 def atomic_torch_save(obj, path: Path) -> None:
     """Returns None; ``torch.save``s ``obj`` to ``path`` through a temporary file and a rename."""
-    _write_then_rename(path, lambda tmp: torch.save(obj, tmp))
+    write_then_rename(path, lambda tmp: torch.save(obj, tmp))
 
 
 def readable_torch_file(path: Path) -> bool:
@@ -97,6 +98,14 @@ def readable_json_file(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def remove_temporary_files(folder: Path) -> None:
+    """Returns None; deletes the temporary files of atomic writes that a kill left in ``folder`` (call it holding
+    the folder's lock: no other writer can be using them)."""
+    for tmp in Path(folder).glob(".*.tmp"):
+        if tmp.is_file():
+            tmp.unlink(missing_ok=True)
 
 
 def remove_tree(path: Path) -> None:
@@ -138,6 +147,14 @@ def read_jsonl(path: Path) -> tuple[list[dict], bool]:
     return records, partial
 
 
+def check_rounds(records: list, path: Path) -> None:
+    """Returns None; raises HetflError unless every record of a metrics file is a table with a round number."""
+    for i, record in enumerate(records):
+        if not isinstance(record, dict) or type(record.get("round")) is not int or record["round"] < 1:
+            raise HetflError(f"{path} line {i + 1} is not a round's record (a JSON object with a round >= 1); "
+                             "the file is corrupt")
+
+
 def write_jsonl(path: Path, records: list[dict]) -> None:
     """Returns None; replaces a JSON-lines file with ``records`` atomically."""
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
@@ -169,6 +186,7 @@ def create_run_dir(run_dir: Path, files: dict[str, str]) -> Path:
         raise HetflError(f"run folder {run_dir} already exists; choose another --name or --resume it")
     try:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned_creations(run_dir.parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.", suffix=".creating", dir=run_dir.parent))
     except OSError as e:
         raise HetflError(f"cannot create run folder {run_dir}: {e.strerror}") from None
@@ -186,6 +204,28 @@ def create_run_dir(run_dir: Path, files: dict[str, str]) -> Path:
     return run_dir
 
 
+STALE_SECONDS = 60  # a folder being created lives for milliseconds; one this old whose lock is free was abandoned
+
+
+def _remove_abandoned_creations(parent: Path) -> None:
+    """Returns None; deletes the temporary folders of run folders whose creator was killed before the rename (no
+    process holds their lock, and they are older than ``STALE_SECONDS``)."""
+    for folder in parent.glob(".*.creating"):
+        try:
+            if time.time() - folder.stat().st_mtime < STALE_SECONDS:
+                continue
+            fd = os.open(folder / LOCK_NAME, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # its creator lives
+        finally:
+            os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 # ---- the lock -----------------------------------------------------------------------------
 _HELD: dict[str, int] = {}  # resolved run folder -> fd of its locked .lock file, held by this process
 
@@ -196,7 +236,11 @@ def _key(run_dir: Path) -> str:
 
 def _lock_file(folder: Path) -> int:
     """The fd of ``folder/.lock`` locked exclusively by this process; HetflError if another holds it."""
-    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise HetflError(f"cannot lock {folder / LOCK_NAME}: {e.strerror}; it must be a file hetfl can write "
+                         f"(delete it if no hetfl process uses {folder})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -14,6 +14,7 @@ checks on replies, aggregation, evaluation, checkpoints and resume. No engine su
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import ClientStateStore, load_checkpoint, save_checkpoint
+from .checkpoint import ClientStateStore, checked_payload, load_checkpoint, save_checkpoint
 from .aggregation import ServerState
 from .config import Config
 from .data import load_dataset, partition, split_train_test
@@ -38,10 +39,11 @@ from .executors.sequential import SequentialExecutor
 from .methods import build_method, load_config
 from .models.cache import ModelCache
 from .models.frozen_features import features_of, serving
+from .models.registry import token_input
 from .report import headline_accuracy, rounds_to_target
-from .rundir import (append_jsonl, atomic_torch_save, atomic_write_json, create_run_dir, crash_point, lock_run_dir,
-                     read_jsonl, readable_json_file, readable_torch_file, remove_tree, unlock_run_dir,
-                     warn_partial_line, write_jsonl)
+from .rundir import (append_jsonl, atomic_torch_save, atomic_write_json, check_rounds, create_run_dir, crash_point,
+                     lock_run_dir, read_jsonl, readable_json_file, readable_torch_file, remove_temporary_files,
+                     remove_tree, unlock_run_dir, warn_partial_line, write_jsonl)
 from .seeding import rng_for, torch_generator
 from .slicing import SubModel, extract, state_bytes
 from .updates import check_update, warn_dropped
@@ -115,6 +117,7 @@ class Simulation:
             subset = torch.randperm(len(self.x_train), generator=torch_generator(cfg.seed, "static-bn"))
             self.x_bn = self.x_train[subset[:cfg.static_bn_samples].to(self.device)]
         self.parts = [p.to(self.device) for p in parts]
+        self._check_model_takes_data()
         # a frozen backbone's exit summaries of every document, computed once (models.frozen_features)
         self.frozen_features = features_of(self.x_train, self.x_test) if cfg.cache_frozen_features else None
         self.state: ServerState = self.method.init_state(cfg.seed)
@@ -127,6 +130,33 @@ class Simulation:
         faulty = cfg.dropout_fraction or cfg.corrupt_fraction
         self.executor = FaultInjection(inner, cfg.seed, cfg.dropout_fraction, cfg.corrupt_fraction,
                                        self.sample_clients) if faulty else inner
+
+    def _check_model_takes_data(self) -> None:
+        """Returns None; raises HetflError where the data and the model cannot train together, before the run
+        folder exists: augmentation the inputs do not have, a batch of one sample under BatchNorm, inputs the
+        backbone cannot read (too small for its pooling)."""
+        cfg, x = self.cfg, self.x_train
+        if self.method.family.example_input is token_input:
+            if cfg.crop_padding or cfg.flip:
+                raise HetflError(f"crop_padding and flip augment images; {cfg.dataset} is text: drop them")
+        elif cfg.crop_padding > min(x.shape[2:]):
+            raise HetflError(f"crop_padding {cfg.crop_padding} is beyond the {tuple(x.shape[2:])} images of "
+                             f"{cfg.dataset}; use at most {min(x.shape[2:])}")
+        spec = SubModel(depth=self.method.family.arch.num_blocks)
+        model = self.eval_models.module(spec)
+        alone = [k for k, part in enumerate(self.parts) if len(part) == 1]
+        if (cfg.batch_size == 1 or alone) and not _trains_on_one_sample(model, x[:1]):
+            who = "batch_size 1 gives" if cfg.batch_size == 1 else f"client {alone[0]} holds one sample, which gives"
+            raise HetflError(f"{who} BatchNorm a batch of one sample, whose statistics are undefined where the "
+                             f"features are 1x1 ({cfg.model} on {cfg.dataset}); use batch_size >= 2, clients of 2 or "
+                             "more samples, or --norm none")
+        try:
+            with torch.no_grad():
+                model.eval()(x[:2])
+        except RuntimeError as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise HetflError(f"model {cfg.model} cannot read {cfg.dataset}'s inputs of shape {tuple(x.shape[1:])}: "
+                             f"{reason}") from None
 
     def local_executor(self) -> Executor:
         """The config's in-process executor: batched on request or (auto) on CUDA, else sequential (on a CPU,
@@ -162,20 +192,25 @@ class Simulation:
         if not run_dir.is_dir() or not config_path.exists():
             raise HetflError(f"{run_dir} is not a hetfl run folder (no config.json)")
         lock_run_dir(run_dir)  # before anything is read: a live writer would change it underneath
-        cfg = load_config(config_path)
-        payload = load_checkpoint(run_dir, cfg)
-        history, partial = read_jsonl(run_dir / "metrics.jsonl")
-        sim = cls(cfg, executor, on_round)
+        try:  # every check before the first change: a refused resume leaves the folder as it was
+            cfg = load_config(config_path).validate()
+            payload = load_checkpoint(run_dir, cfg)
+            history, partial = read_jsonl(run_dir / "metrics.jsonl")
+            check_rounds(history, run_dir / "metrics.jsonl")
+            sim = cls(cfg, executor, on_round)
+            if payload is not None:
+                checked_payload(payload, run_dir / "checkpoint" / "state.pt", cfg.rounds, sim.state.params)
+        except BaseException:
+            unlock_run_dir(run_dir)
+            raise
         sim.run_dir = run_dir
+        remove_temporary_files(run_dir)  # what a kill during an atomic write left
         if payload is None:  # killed before its first checkpoint: every round is seeded, so start again
             if history or partial:
                 warn(f"{run_dir} has no checkpoint yet; resuming from round 1")
             remove_tree(sim.client_store.root)
         else:
-            state = ServerState.from_dict(payload["state"])
-            if set(state.params) != set(sim.state.params):
-                raise HetflError(f"checkpoint in {run_dir} does not match the model of its config")
-            sim.state = state.to(sim.device)
+            sim.state = ServerState.from_dict(payload["state"]).to(sim.device)
             sim.start_round = int(payload["round"])
             sim.elapsed = float(payload["elapsed"])
             sim.client_store.restore(payload["client_state_dir"])
@@ -380,6 +415,19 @@ class Simulation:
             "wall_seconds": self.elapsed, "device": self.cfg.device, "executor": self.executor.name,
             "run_dir": str(self.run_dir),
         }
+
+
+def _trains_on_one_sample(model: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether a training-mode forward of ``model`` (a copy: batch statistics would change its buffers) takes a
+    batch of the one sample ``x`` (BatchNorm refuses one where its features are 1x1)."""
+    if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return True
+    try:
+        with torch.no_grad():
+            copy.deepcopy(model).train()(x)
+    except ValueError:
+        return False
+    return True
 
 
 def _memory_record(metrics: dict) -> dict:

@@ -44,7 +44,7 @@ from pathlib import Path
 from ..checkpoint import has_checkpoint
 from ..config import Config
 from ..methods import config_from, load_config
-from ..errors import HetflError
+from ..errors import HetflError, read_text_file
 from ..plots import plot_curves
 from ..report import as_list, bench_report, rounds_to_target
 from ..rundir import RunDirBusy, atomic_write_text
@@ -62,7 +62,7 @@ def load_preset(name_or_path: str) -> tuple[str, dict]:
     """(name, parsed TOML) of a shipped preset or a preset file."""
     path = Path(name_or_path)
     if path.suffix == ".toml" and path.exists():
-        text, name = path.read_text(), path.stem
+        text, name = read_text_file(path, f"bench preset {path}"), path.stem
     elif name_or_path in preset_names():
         text, name = resources.files("hetfl.presets").joinpath(f"{name_or_path}.toml").read_text(), name_or_path
     else:
@@ -77,14 +77,41 @@ def load_preset(name_or_path: str) -> tuple[str, dict]:
     if unknown:
         raise HetflError(f"bench preset {name_or_path}: unknown key(s) {', '.join(sorted(unknown))}; "
                          f"allowed: {', '.join(sorted(PRESET_KEYS))}")
-    if not preset.get("runs"):
-        raise HetflError(f"bench preset {name_or_path} has no [[runs]] entries")
+    _check_structure(name_or_path, preset)
     labels = [entry.get("label") or entry.get("method", "run") for entry in preset["runs"]]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise HetflError(f"bench preset {name_or_path}: run label(s) {', '.join(twice)} name more than one run; "
+                         "give each [[runs]] entry its own label")
     for claim in preset.get("claims", []):
         problem = _claim_problem(claim, labels)
         if problem:
             raise HetflError(f"bench preset {name_or_path}: claim '{claim.get('claim', '')}' {problem}")
     return name, preset
+
+
+# the type each key of a preset must have: text, a table, a list of tables, a list of seeds
+_PRESET_TYPES = {"title": str, "description": str, "diagnosis": str, "base": dict, "report": dict, "runs": list,
+                 "claims": list, "seeds": list}
+
+
+def _check_structure(name: str, preset: dict) -> None:
+    """Returns None; raises HetflError naming the first key of the preset whose value has the wrong shape."""
+    for key, kind in _PRESET_TYPES.items():
+        if key in preset and not isinstance(preset[key], kind):
+            raise HetflError(f"bench preset {name}: {key} must be a {_TYPE_WORDS[kind]}, got "
+                             f"{type(preset[key]).__name__}")
+    if not preset.get("runs"):
+        raise HetflError(f"bench preset {name} has no [[runs]] entries")
+    for key in ("runs", "claims"):
+        if not all(isinstance(entry, dict) for entry in preset.get(key, [])):
+            raise HetflError(f"bench preset {name}: every entry of {key} must be a table ([[{key}]])")
+    seeds = preset.get("seeds", [0])
+    if not seeds or not all(type(s) is int and 0 <= s < 2 ** 32 for s in seeds):
+        raise HetflError(f"bench preset {name}: seeds must be a non-empty list of integers in [0, 2^32), got {seeds}")
+
+
+_TYPE_WORDS = {str: "text", dict: "table", list: "list"}
 
 
 def _claim_problem(claim: dict, labels: list[str]) -> str | None:
@@ -155,7 +182,11 @@ def finished_run(runs_root: Path, cfg: Config) -> dict | None:
     for folder in sorted(runs_root.glob(f"*-{config_key(cfg)}-s{cfg.seed}")):
         if (folder / "summary.json").exists() and (folder / "config.json").exists():
             if same_run(load_config(folder / "config.json"), cfg):
-                return at_target(json.loads((folder / "summary.json").read_text()), cfg)
+                summary = read_json(folder / "summary.json")
+                if not _is_summary(summary):
+                    raise HetflError(f"{folder / 'summary.json'} is not a run's summary; delete it and the bench "
+                                     "will resume the run")
+                return at_target(summary, cfg)
     return None
 
 
@@ -318,7 +349,7 @@ def saved_results(path: Path, configs: list[tuple[str, int, Config]],
     if not path.exists() and not finished:
         raise HetflError(f"--report-only rewrites a report from {path}, which does not exist: run the bench first"
                          f"{'' if finished is not None else ' (or add --reuse-saved to report its finished runs)'}")
-    saved = ({(label, s["seed"]): s for label, runs in json.loads(path.read_text()).items() for s in runs}
+    saved = ({(label, s["seed"]): s for label, runs in read_summaries(path).items() for s in runs}
              if path.exists() else {})
     results: dict[str, list[dict]] = {}
     for label, seed, cfg in configs:
@@ -330,14 +361,46 @@ def saved_results(path: Path, configs: list[tuple[str, int, Config]],
 FINISHED = "finished-runs.json"  # a results folder's summaries of the runs done so far, by run folder name
 
 
+def read_json(path: Path):
+    """The JSON document in ``path``; HetflError when it cannot be read or is not JSON."""
+    try:
+        return json.loads(read_text_file(path, str(path)))
+    except ValueError as e:
+        raise HetflError(f"{path} is not valid JSON ({e}); restore it, or delete it to train its runs again") from None
+
+
+def _is_summary(s) -> bool:
+    """Whether ``s`` looks like a run's summary: a table with a seed and a curve of (round, accuracy) pairs."""
+    return isinstance(s, dict) and type(s.get("seed")) is int and isinstance(s.get("curve"), list) and \
+        all(isinstance(p, list) and len(p) == 2 for p in s["curve"])
+
+
+def read_summaries(path: Path) -> dict[str, list[dict]]:
+    """The runs' summaries of a bench's summaries.json, by label, after checking its structure."""
+    saved = read_json(path)
+    if not isinstance(saved, dict) or not all(isinstance(runs, list) and all(map(_is_summary, runs))
+                                              for runs in saved.values()):
+        raise HetflError(f"{path} is not a bench's summaries (label -> list of run summaries); restore it, or delete "
+                         "it to train its runs again")
+    return saved
+
+
+def read_finished(path: Path) -> dict[str, dict]:
+    """The runs' summaries of a ``FINISHED`` file, by run folder name, after checking its structure."""
+    saved = read_json(path)
+    if not isinstance(saved, dict) or not all(map(_is_summary, saved.values())):
+        raise HetflError(f"{path} is not a table of finished runs' summaries; delete it to train its runs again")
+    return saved
+
+
 def _saved_by_run_name(path: Path) -> dict[str, dict]:
     """The summaries a summaries.json (by label) or a ``FINISHED`` file (by name) holds, by their run folder's
     name; empty if there is no such file."""
     if not path.exists():
         return {}
-    saved = json.loads(path.read_text())
     if path.name == FINISHED:
-        return saved
+        return read_finished(path)
+    saved = read_summaries(path)
     return {Path(s["run_dir"]).name: s for runs in saved.values() for s in runs if s.get("run_dir")}
 
 
@@ -354,7 +417,7 @@ def _record_finished(path: Path, runs_root: Path, cfg: Config, summary: dict) ->
     """Add one run's summary to ``path`` (a ``FINISHED`` file), under a lock: two bench processes may share it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with _finished_lock(runs_root):
-        done = json.loads(path.read_text()) if path.exists() else {}
+        done = read_finished(path) if path.exists() else {}
         done[cfg.name] = summary
         atomic_write_text(path, json.dumps(done, indent=1) + "\n")
 
@@ -367,7 +430,7 @@ def _forget_finished(path: Path, runs_root: Path, names: set[str]) -> None:
     with _finished_lock(runs_root):
         if not path.exists():
             return
-        rest = {name: s for name, s in json.loads(path.read_text()).items() if name not in names}
+        rest = {name: s for name, s in read_finished(path).items() if name not in names}
         if rest:
             atomic_write_text(path, json.dumps(rest, indent=1) + "\n")
         else:

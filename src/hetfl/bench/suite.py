@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -49,8 +48,8 @@ from statistics import mean
 from ..config import Config
 from ..errors import HetflError
 from ..rundir import read_jsonl
-from .runner import FINISHED, _named_configs, _record_finished, finished_run, load_preset, run_bench, run_lock, \
-    run_one
+from .runner import (FINISHED, _named_configs, _record_finished, finished_run, load_preset, read_finished, run_bench,
+                     run_lock, run_one)
 
 ESTIMATE_MARGIN = 1.2  # estimates come from other seeds, other loads, other thread counts
 START_SECONDS = 5.0  # a run's set-up outside its timed rounds: data, model, first kernels
@@ -346,7 +345,7 @@ def _record_missing(p: PresetRuns, runs_root: Path, known: dict[str, dict]) -> N
     """Add to ``p``'s FINISHED file every finished run of ``p`` that it lacks (as ``hetfl bench`` records the runs
     it reuses)."""
     path = p.out_dir / FINISHED
-    recorded = set(json.loads(path.read_text())) if path.exists() else set()
+    recorded = set(read_finished(path)) if path.exists() else set()
     for _, _, cfg in p.configs:
         if cfg.name in known and cfg.name not in recorded:
             _record_finished(path, runs_root, cfg, known[cfg.name])

@@ -40,6 +40,7 @@ FMNIST_SHA256 = {
 }
 FMNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 EMNIST_SPLIT = "balanced"
+MAX_CLASSES = 100_000  # labels above this are refused before anything is sized by them
 DIGITS_TEST_EVERY = 6  # digits: samples 0, 6, 12, ... form the test set (300 of 1797), a fixed split
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_train, x_test, y_test
@@ -123,6 +124,21 @@ class _IdxFormat:
         return parse_idx(data, path, ndim=3 if "images" in standard_name else 1)
 
 
+class _ArraysOnly(pickle.Unpickler):
+    """An unpickler that builds numpy arrays and plain containers only: a pickle can name any callable, and a
+    batch file from elsewhere must not run code while it is read."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+               ("numpy._core.multiarray", "scalar"), ("numpy.core.numeric", "_frombuffer"),
+               ("numpy._core.numeric", "_frombuffer"), ("_codecs", "encode")}  # protocol 2 writes bytes so
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR batch does not hold")
+        return super().find_class(module, name)
+
+
 @dataclass(frozen=True)
 class _CifarFormat:
     """The CIFAR python release: pickled dicts with b'data' (N, 3072 uint8, R then G then B planes) and labels."""
@@ -153,8 +169,8 @@ class _CifarFormat:
         """Images (N, 3, 32, 32) and labels of one batch file."""
         try:
             with open(path, "rb") as f:
-                batch = pickle.load(f, encoding="bytes")  # the release was pickled by Python 2
-        except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError) as e:
+                batch = _ArraysOnly(f, encoding="bytes").load()  # the release was pickled by Python 2
+        except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError) as e:
             raise HetflError(f"cannot read CIFAR batch {path}: {e}") from None
         missing = [k.decode() for k in (b"data", self.label_key) if not isinstance(batch, dict) or k not in batch]
         if missing:
@@ -163,7 +179,11 @@ class _CifarFormat:
         data = np.asarray(batch[b"data"], dtype=np.uint8)
         if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
             raise HetflError(f"CIFAR batch {path}: b'data' must have shape (N, 3072), got {data.shape}")
-        return data.reshape(-1, 3, 32, 32), np.asarray(batch[self.label_key])
+        labels = batch[self.label_key]
+        if not isinstance(labels, (list, np.ndarray)) or len(labels) != len(data) or \
+                not all(isinstance(v, (int, np.integer)) for v in labels):
+            raise HetflError(f"CIFAR batch {path}: {self.label_key!r} must be {len(data)} integer labels, one per image")
+        return data.reshape(-1, 3, 32, 32), np.asarray(labels, dtype=np.int64)
 
 
 # ---------------------------------------------------------------- where datasets live
@@ -257,6 +277,8 @@ def _existing(path: str, kind: str, name: str) -> Path:
 def _images(x: np.ndarray, where: str) -> torch.Tensor:
     """``x`` as a float32 (N, C, H, W) tensor; (N, H, W) gains a channel, (N, H, W, C) with C in {1, 3} is moved."""
     x = np.asarray(x)
+    if x.dtype.kind not in "biuf":  # text, objects, complex numbers, dates: not pixel values
+        raise HetflError(f"{where} must hold real numbers (pixel values), got dtype {x.dtype}")
     if x.ndim == 3:
         x = x[:, None]
     elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
@@ -271,8 +293,10 @@ def _labels(y: np.ndarray, n: int, where: str) -> torch.Tensor:
     y = np.asarray(y)
     if y.shape != (n,):
         raise HetflError(f"{where} must have shape ({n},), one label per image, got {y.shape}")
-    if n and (not np.issubdtype(y.dtype, np.number) or np.any(y != np.round(y)) or y.min() < 0):
-        raise HetflError(f"{where} must hold non-negative integer class labels")
+    if y.dtype.kind not in "iuf" or (n and (not np.isfinite(y).all() or np.any(y != np.round(y)) or y.min() < 0)):
+        raise HetflError(f"{where} must hold non-negative integer class labels, got dtype {y.dtype}")
+    if n and y.max() > MAX_CLASSES:  # a class index this large is a stray value, and would size every histogram
+        raise HetflError(f"{where} holds label {int(y.max())}; labels are class indices 0..C-1 with C <= {MAX_CLASSES}")
     return torch.tensor(y.astype(np.int64))
 
 
@@ -281,8 +305,8 @@ def _build(name: str, arrays: Arrays, num_classes: int | None) -> Dataset:
     x_train, x_test = _images(arrays[0], f"{name} x_train"), _images(arrays[2], f"{name} x_test")
     y_train = _labels(arrays[1], len(x_train), f"{name} y_train")
     y_test = _labels(arrays[3], len(x_test), f"{name} y_test")
-    if len(x_train) == 0 or x_train.shape[1:] != x_test.shape[1:]:
-        raise HetflError(f"{name}: need a non-empty train set and test images of the train images' shape, "
+    if len(x_train) == 0 or len(x_test) == 0 or x_train.shape[1:] != x_test.shape[1:]:
+        raise HetflError(f"{name}: need a non-empty train set and a non-empty test set of the train images' shape, "
                          f"got train {tuple(x_train.shape)} and test {tuple(x_test.shape)}")
     for what, x in (("x_train", x_train), ("x_test", x_test)):
         bad = int((~torch.isfinite(x)).sum())
@@ -308,6 +332,8 @@ def _check_classes(name: str, y_train: torch.Tensor, y_test: torch.Tensor, num_c
     if num_classes is not None and top > num_classes:
         raise HetflError(f"{name}: labels must be in [0, {num_classes}), got label {top - 1}")
     count = num_classes or top
+    if count < 2:
+        raise HetflError(f"{name}: the labels hold one class ({count - 1}); classification needs at least 2")
     in_train = torch.bincount(y_train, minlength=count) > 0
     in_test = torch.bincount(y_test, minlength=count) > 0
     if num_classes is None and not (in_train | in_test).all():

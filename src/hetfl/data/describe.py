@@ -6,6 +6,7 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..plots import save_figure
 from .partition import class_histogram
 
 MAX_ROWS = 20  # clients listed in the table; the rest are summarised
@@ -45,4 +46,4 @@ def plot_heatmap(hist: torch.Tensor, path: str, title: str = "") -> None:
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    save_figure(fig, path)

@@ -26,7 +26,7 @@ def fetch_fmnist(dest: str | None = None, base_url: str = FMNIST_URL) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise HetflError(f"cannot create the download folder {folder}: {e}") from None
+        raise HetflError(f"cannot create the download folder {folder}: {e.strerror or e}") from None
     for name, sha256 in FMNIST_SHA256.items():
         if not _is_valid(folder, name, sha256):
             _download(f"{base_url.rstrip('/')}/{name}.gz", folder / f"{name}.gz", sha256)

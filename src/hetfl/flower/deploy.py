@@ -20,7 +20,7 @@ from pathlib import Path
 from .. import __version__
 from ..errors import HetflError, warn
 from ..faults import CORRUPTIONS
-from ..rundir import lock_run_dir, readable_json_file, unlock_run_dir
+from ..rundir import atomic_write_text, lock_run_dir, readable_json_file, unlock_run_dir
 from .federation import Federation
 from .identity import NodeIdentity
 
@@ -55,8 +55,11 @@ class DeployFailed(HetflError):
 def write_app(folder: Path) -> Path:
     """``folder``, now holding the Flower App (its pyproject.toml names hetfl's ServerApp and ClientApp)."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "pyproject.toml").write_text(APP_PYPROJECT)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / "pyproject.toml", APP_PYPROJECT)
+    except OSError as e:
+        raise HetflError(f"--write-app {folder}: cannot write the app there: {e.strerror or e}") from None
     return folder
 
 

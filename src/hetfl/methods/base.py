@@ -30,7 +30,7 @@ from ..errors import HetflError, warn
 from ..losses import ensemble_logits
 from ..models import ModelFamily, model_family
 from ..models.base import federated_state
-from ..options import check_choices, option_fields
+from ..options import check_choices, check_ranges, option_fields
 from ..recipes import ExitsCE, Recipe
 from ..slicing import SCALINGS, State, SubModel, extract
 from ..splits import Split, split_search
@@ -100,6 +100,7 @@ class Method:
             raise HetflError(f"option '{foreign[0]}' is not an option of method '{cls.name}'; drop it")
         options = cls.Options(**{**{k: v for k, v in cls.defaults.items() if k in own}, **cfg.method_options})
         check_choices(options)
+        check_ranges(options)
         options.check(cfg)
         return options
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..devices import level_counts
 from ..errors import HetflError
-from ..options import opt
+from ..options import Range, opt
 from ..slicing import SubModel
 from ..recipes import ExitsCE
 from .base import Method
@@ -23,7 +23,8 @@ from .options import MutualKD
 class Options(MutualKD):
     """The global level, and DepthFL Eq. (1)'s mutual KD for runs trained like DepthFL."""
 
-    global_level: int = opt(0, "ExclusiveFL: level of the global model, 1..levels (0 = the largest)")
+    global_level: int = opt(0, "ExclusiveFL: level of the global model, 1..levels (0 = the largest)",
+                           valid=Range(0))
 
     def check(self, cfg) -> None:
         super().check(cfg)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 from ..costs import group_memory
 from ..devices import Budget, describe_budget
 from ..errors import HetflError
-from ..options import opt
+from ..options import Range, opt
 from ..slicing import SubModel
 from ..task import BLOCKWISE_HEADS, Blockwise
 from .base import Method
@@ -205,16 +205,13 @@ class MutualOptions(Options):
     """FeDepth's options, and the most models an m-FeDepth client trains together."""
 
     mutual_models: int = opt(2, "m-FeDepth: the most models a client trains together by deep mutual learning, "
-                             "where its budget affords them (>= 2)")
+                             "where its budget affords them (>= 2)", valid=Range(2, 16))
     mutual_plan: str = opt("models", "m-FeDepth: where a budget affords M models: in finer groups that still train "
                            "every block one model's groups train (models), or only where M copies of FeDepth's own "
                            "groups fit (depth)", ("models", "depth"), added_later=True)
 
     def check(self, cfg) -> None:
         super().check(cfg)
-        if self.mutual_models < 2:
-            raise HetflError(f"mutual_models must be >= 2, got {self.mutual_models}; for one model use --method "
-                             "fedepth")
 
 
 class MFeDepth(FeDepth):

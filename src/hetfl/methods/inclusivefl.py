@@ -37,7 +37,7 @@ import torch
 from ..aggregation import MaskedMean, ServerState
 from ..updates import Update
 from ..errors import HetflError
-from ..options import opt
+from ..options import Range, opt
 from ..slicing import State, SubModel, corner, extract
 from .base import Method
 from .options import NoOptions
@@ -49,11 +49,8 @@ BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 class Options(NoOptions):
     """Momentum distillation (Alg. 1 lines 15-23)."""
 
-    md_beta: float = opt(0.0, "InclusiveFL momentum-distillation factor beta in [0, 1] (0 = w/o MD)")
-
-    def check(self, cfg) -> None:
-        if not 0 <= self.md_beta <= 1:
-            raise HetflError(f"md_beta must be in [0, 1], got {self.md_beta}")
+    md_beta: float = opt(0.0, "InclusiveFL momentum-distillation factor beta in [0, 1] (0 = w/o MD)",
+                         valid=Range(0, 1))
 
 
 @dataclass(frozen=True)

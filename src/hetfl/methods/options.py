@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import HetflError
-from ..options import opt
+from ..options import Range, opt
 
 
 @dataclass(frozen=True)
@@ -28,15 +28,10 @@ class MutualKD(NoOptions):
     """The weight of a distillation among exits (DepthFL Eq. (1)'s mutual KD; ReeFL's best-exit KD), and its ramp-up."""
 
     kd_weight: float = opt(0.0, "weight of the distillation among exits: DepthFL Eq. (1)'s mutual KD, ReeFL Eq. (5)'s "
-                                "best-exit KD (0 = off)")
+                                "best-exit KD (0 = off)", valid=Range(0))
     kd_ramp: float = opt(0.0, "ramp the KD weight by exp(-5 (1 - t/R)^2) over the first R = kd_ramp x rounds "
-                              "rounds, a fraction in [0, 1] (DepthFL: 0.3, its 300 of 1000 rounds; 0 = no ramp)")
-
-    def check(self, cfg) -> None:
-        if self.kd_weight < 0:
-            raise HetflError(f"kd_weight must be >= 0, got {self.kd_weight}")
-        if not 0 <= self.kd_ramp <= 1:
-            raise HetflError(f"kd_ramp must be a fraction of the rounds in [0, 1], got {self.kd_ramp}")
+                              "rounds, a fraction in [0, 1] (DepthFL: 0.3, its 300 of 1000 rounds; 0 = no ramp)",
+                         valid=Range(0, 1))
 
     def kd_weight_at(self, round_index: int, rounds: int) -> float:
         """The KD weight at a 1-based round of ``rounds``: the DepthFL code's consistency ramp-up,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import HetflError
 from ..models import ModelFamily
-from ..options import opt
+from ..options import Range, opt
 from ..slicing import SubModel
 from ..recipes import BestExit
 from .base import Method
@@ -39,7 +39,7 @@ class Options(MutualKD):
     """Best-exit KD (Eq. 5-6, its weight eta = kd_weight and its ramp) and modulation (Eq. 4)."""
 
     ree_ema: float = opt(0.2, "ReeFL: weight zeta of a new batch in each exit's running training CE, which picks "
-                              "the teacher, in (0, 1] (Sec. 3.2)")
+                              "the teacher, in (0, 1] (Sec. 3.2)", valid=Range(0, 1, low_open=True))
     modulation: bool = opt(True, "ReeFL: the next block reads Ree's output in place of its class token (Eq. 4)")
     modulate_into: str = opt("summary", "ReeFL: what Ree's output replaces (Eq. 4): the summary token the exits read "
                                         "(on MiniLM the token mean: every real token shifted alike) or the [CLS] "
@@ -47,8 +47,6 @@ class Options(MutualKD):
 
     def check(self, cfg) -> None:
         super().check(cfg)
-        if not 0 < self.ree_ema <= 1:
-            raise HetflError(f"ree_ema must be in (0, 1], got {self.ree_ema}")
         if self.modulation and cfg.cache_frozen_features:
             raise HetflError("cache_frozen_features keeps what the frozen layers compute, which ReeFL's modulation "
                              "changes: use it with --modulation false, or drop it")

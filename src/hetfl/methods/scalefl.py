@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import HetflError
-from ..options import opt
+from ..options import Range, opt
 from ..slicing import SubModel
 from ..recipes import LastTeacher
 from .base import Method
@@ -30,17 +30,13 @@ from .options import NoOptions
 class Options(NoOptions):
     """Eq. (5)'s distillation from the last exit."""
 
-    kd_temperature: float = opt(3.0, "ScaleFL: temperature tau of the distillation from the last exit")
-    scalefl_beta: float = opt(0.1, "ScaleFL: weight beta of the distillation from the last exit, Eq. (5)")
+    kd_temperature: float = opt(3.0, "ScaleFL: temperature tau of the distillation from the last exit",
+                               valid=Range(0, low_open=True))
+    scalefl_beta: float = opt(0.1, "ScaleFL: weight beta of the distillation from the last exit, Eq. (5)",
+                              valid=Range(0, 1, high_open=True))
     scalefl_normaliser: str = opt("sum", "ScaleFL: divide Eq. (5)'s index-weighted sum by sum_i i ('sum', as the "
                                   "authors' code) or by the last exit's index ('last': its CE at weight 1, a control)",
                                   choices=("sum", "last"), added_later=True)
-
-    def check(self, cfg) -> None:
-        if not self.kd_temperature > 0:
-            raise HetflError(f"kd_temperature must be > 0, got {self.kd_temperature}")
-        if not 0 <= self.scalefl_beta < 1:
-            raise HetflError(f"scalefl_beta must be in [0, 1), got {self.scalefl_beta}")
 
 
 class ScaleFL(Method):

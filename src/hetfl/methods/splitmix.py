@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from ..aggregation import ServerState
 from ..errors import HetflError
-from ..options import opt
+from ..options import Range, opt
 from ..seeding import rng_for
 from ..slicing import SubModel
 from .base import Method
@@ -44,11 +44,9 @@ class Options(NoOptions):
     """The number of base networks."""
 
     splitmix_bases: int = opt(0, "SplitMix: number K of base networks, each of width 1/K (0 = 1 / the smallest "
-                              "budget ratio, or level width)")
+                              "budget ratio, or level width)", valid=Range(0, 64))
 
     def check(self, cfg) -> None:
-        if self.splitmix_bases < 0:
-            raise HetflError(f"splitmix_bases must be >= 0, got {self.splitmix_bases}")
         if cfg.exits:
             raise HetflError("SplitMix's bases infer with their last exit; drop --exits")
 

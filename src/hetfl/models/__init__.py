@@ -107,9 +107,38 @@ def model_family(name: str, input_shape: tuple[int, ...], num_classes: int, widt
     if not exits or list(exits) != sorted(set(exits)) or exits[-1] != num_blocks - 1 or exits[0] < 0:
         raise HetflError(f"exits of {name} must be increasing blocks in 0..{num_blocks - 1} ending with the "
                          f"last block {num_blocks - 1}, got {list(exits)}")
-    return ModelFamily(name, tuple(input_shape), num_classes, ArchSpec(num_blocks, exits),
-                       partial(entry.builder, exit_after=exits), width, norm, entry.channels, finetune, adapter_rank,
-                       head, entry.example_input, entry.pretrained)
+    family = ModelFamily(name, tuple(input_shape), num_classes, ArchSpec(num_blocks, exits),
+                         partial(entry.builder, exit_after=exits), width, norm, entry.channels, finetune,
+                         adapter_rank, head, entry.example_input, entry.pretrained)
+    if not entry.pretrained:  # a pretrained backbone's size is its checkpoint's
+        _check_fits_memory(family)
+    return family
+
+
+# what training holds per parameter, in parameters: the global model, the client's copy, its gradient, its momentum
+# and the server's running sum (evaluation and activations come on top)
+TRAINING_COPIES = 5
+
+
+def _check_fits_memory(family: ModelFamily) -> None:
+    """Returns None; raises HetflError when training the global model would not fit in this machine's memory,
+    counted on the meta device (no memory is allocated), before anything allocates it."""
+    with torch.device("meta"):
+        model = family.builder(family.input_shape, family.num_classes, width=family.base_width,
+                               depth=family.arch.num_blocks, norm=family.norm)
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    memory = physical_memory()
+    if TRAINING_COPIES * size > memory:
+        raise HetflError(f"model_width {family.base_width:g} makes a {family.name} of {size:.3g} bytes of parameters; "
+                         f"training holds about {TRAINING_COPIES} copies and this machine has {memory / 2 ** 30:.1f} "
+                         f"GiB of memory: choose a smaller model_width")
+
+
+def physical_memory() -> int:
+    """Bytes of memory of this machine."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 __all__ = ["ArchSpec", "FAMILIES", "FamilyEntry", "ModelFamily", "MultiExitModel", "MODEL_NAMES", "NORMS", "FINETUNE_MODES", "HEAD_KINDS",
