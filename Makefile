@@ -6,7 +6,7 @@ HETFL  := $(VENV)/bin/hetfl
 STAMP  := $(VENV)/.installed
 TEXT   := $(VENV)/.installed-text
 
-.PHONY: demo test install text text-data data bench-speed clean
+.PHONY: demo test soak install text text-data data bench-speed clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -54,6 +54,10 @@ demo: data
 
 test: data $(TEXT)
 	$(PY) -m pytest
+
+# the soak tests make test leaves out (Flower federations killed and resumed, bench suite budgets): 8-10 minutes
+soak: data $(TEXT)
+	$(PY) -m pytest -m soak
 
 bench-speed: data
 	$(HETFL) bench speed

@@ -42,6 +42,7 @@ def suite(*args: str, budget: float, timeout: float | None = None) -> tuple[subp
     return done, time.monotonic() - started
 
 
+@pytest.mark.soak
 def test_demo_within_budget_and_a_second_call_completes_the_table(tmp_path):
     """The demo preset (one round per run: its 5 rounds take ~150 s here) within 60 s; the next call adds
     whatever was left and writes the table."""
@@ -63,6 +64,7 @@ def test_demo_within_budget_and_a_second_call_completes_the_table(tmp_path):
     assert len(list(runs.glob("*-s0/summary.json"))) == 3  # each run trained once
 
 
+@pytest.mark.soak
 def test_a_small_budget_stops_the_worker_and_later_calls_resume(tmp_path):
     """A run longer than the budget is stopped before the budget ends and keeps its checkpoint; a call whose
     budget cannot hold the rest still advances it to its next checkpoints; a larger one finishes it and writes the

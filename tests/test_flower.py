@@ -117,6 +117,7 @@ def run_on(federation: Federation, cfg) -> Path:
     return run_dir
 
 
+@pytest.mark.soak
 def test_flower_runs_give_the_simulators_weights_over_tls_with_authenticated_nodes(federation, tmp_path, one_thread):
     cfgs = [small_cfg(tmp_path, "fedavg", method="alllarge", rounds=1),
             small_cfg(tmp_path, "heterofl", method="heterofl", rounds=1),  # widths 1/3, 2/3, 1: one per node
@@ -206,6 +207,7 @@ def process_of(run_dir: Path, *words: str) -> int | None:
     return None
 
 
+@pytest.mark.soak
 def test_a_node_killed_mid_round_is_missing_then_back_and_bad_replies_are_rejected(tmp_path, one_thread):
     # a deadline that a loaded 2-core machine meets in round 1, whose ClientApps start cold (30 s missed it with
     # two benches running beside the suite); round 2 waits all of it for the dead node
@@ -252,6 +254,7 @@ def test_a_ctrl_c_while_a_process_starts_lands_once_it_is_recorded_for_stopping(
         signal.signal(signal.SIGINT, outer)
 
 
+@pytest.mark.soak
 def test_the_server_killed_after_a_round_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, one_thread):
     cfg = small_cfg(tmp_path, "killed", method="depthfl", rounds=2)
     run_dir = tmp_path / "killed"

@@ -39,17 +39,19 @@ class Config:
 
     # what to run
     method: str = opt("alllarge", "method to run (see `hetfl methods`)")
-    seed: int = opt(0, "seed of every random choice (data split, levels, sampling, init, batches)", valid=Range(0, 2 ** 32 - 1))
+    seed: int = opt(0, "seed of every random choice (data split, levels, sampling, init, batches)",
+                    valid=Range(0, 2 ** 32 - 1))
     # data
     dataset: str = opt("fmnist", "fmnist, digits, mnist, emnist, cifar10, cifar100, 20ng, r8 (text), npz:PATH or idx:DIR")
     data_dir: str = opt("", "folder holding the dataset files (default: the usual places, see README)")
     num_clients: int = opt(100, "number of clients", valid=Range(1, 10 ** 6))
     partition: str = opt("iid", "how samples are split over clients",
                          SCHEMES)
-    alpha: float = opt(0.5, "Dirichlet concentration (smaller = more skewed), > 0", valid=Range(0, low_open=True))
+    alpha: float = opt(0.5, "Dirichlet concentration (smaller = more skewed)", valid=Range(0, low_open=True))
     classes_per_client: int = opt(2, "classes per client for the pathological partition", valid=Range(1))
     min_client_size: int = opt(10, "minimum samples per client for dirichlet-unequal", valid=Range(0))
-    client_test_fraction: float = opt(0.0, "fraction of each client's samples held out as its local test set", valid=Range(0, 1, high_open=True))
+    client_test_fraction: float = opt(0.0, "fraction of each client's samples held out as its local test set",
+                                      valid=Range(0, 1, high_open=True))
     crop_padding: int = opt(0, "random-crop padding in pixels (0 = no crop)", valid=Range(0))
     flip: bool = opt(False, "random horizontal flips")
     max_length: int = opt(128, "text datasets: tokens per document after the pretrained tokenizer (truncated, padded)",
@@ -59,13 +61,15 @@ class Config:
     finetune: str = opt("full", "what of a pretrained backbone (minilm) trains: all of it, nothing (frozen), LoRA, "
                         "parallel or serial adapters, or SSF scale-and-shift; exits always train", FINETUNE_MODES,
                         added_later=True)
-    adapter_rank: int = opt(32, "rank of LoRA (alpha = 2 x rank) and of the adapters' bottleneck", added_later=True, valid=Range(1, 4096))
+    adapter_rank: int = opt(32, "rank of LoRA (alpha = 2 x rank) and of the adapters' bottleneck", added_later=True,
+                            valid=Range(1, 4096))
     cache_frozen_features: bool = opt(False, "with --finetune frozen: compute each document's exit summaries once "
                                       "and read them back instead of running the frozen layers (a large speed-up; "
                                       "equal up to float rounding)", added_later=True)
     exit_every: int = opt(0, "an exit after every k-th block, the last block included (0 = the model's default)",
                           added_later=True, valid=Range(0))
-    model_width: float = opt(1.0, "width multiplier of the global model (1 = 64/128/256/512 channels), > 0", valid=Range(0, low_open=True))
+    model_width: float = opt(1.0, "width multiplier of the global model (1 = 64/128/256/512 channels)",
+                             valid=Range(0, low_open=True))
     norm: str = opt("bn", "normalisation layers: bn (batch statistics) or none", NORMS)
     exits: list[int] = opt([], "0-based blocks an exit classifier reads, the last block included (default: the "
                            "backbone's: every block of the CNN and the ViT, every stage of the ResNets)",
@@ -82,14 +86,16 @@ class Config:
                                      "a width ratio, may exceed 1), increasing (default l/levels; 2d scaling: "
                                      "2^(l - levels), ScaleFL's 12.5/25/50/100%)", valid=Range(0, low_open=True))
     levels: int = opt(4, "number of device levels", valid=Range(1, 64))
-    proportions: list[float] = opt([], "share of clients per level, smallest level first (default equal), e.g. 1,2,7", valid=Range(0))
-    widths: list[float] = opt([], "width-scaling methods: width ratio per level, smallest first (default l/levels)", valid=Range(0, 1, low_open=True))
+    proportions: list[float] = opt([], "share of clients per level, smallest level first (default equal), e.g. 1,2,7",
+                                   valid=Range(0))
+    widths: list[float] = opt([], "width-scaling methods: width ratio per level, smallest first (default l/levels)",
+                              valid=Range(0, 1, low_open=True))
     scaler: bool = opt(False, "HeteroFL's Scaler: divide activations by the width ratio in training")
     static_bn_samples: int = opt(10000, "BatchNorm models are evaluated with static statistics (HeteroFL's sBN) of "
                                  "a seeded subset of this many training samples (0 = all of them)", valid=Range(0))
     # federated rounds
     rounds: int = opt(30, "communication rounds", valid=Range(1))
-    client_fraction: float = opt(0.1, "fraction of clients sampled per round, in (0, 1]", valid=Range(0, 1, low_open=True))
+    client_fraction: float = opt(0.1, "fraction of clients sampled per round", valid=Range(0, 1, low_open=True))
     local_epochs: int = opt(1, "local epochs per round", valid=Range(1, 10 ** 4))
     batch_size: int = opt(32, "local batch size", valid=Range(1))
     lr: float = opt(0.05, "client learning rate", valid=Range(0, low_open=True))
@@ -127,19 +133,25 @@ class Config:
                                   "they send nothing and are recorded as missing)", added_later=True, valid=Range(0, 1))
     corrupt_fraction: float = opt(0.0, "simulator: fraction of the sampled clients that send a corrupted update each "
                                   "round (NaN or inf values, a wrong shape or dtype, an unassigned sub-model or a "
-                                  "sample count of 0; seeded), which the server rejects", added_later=True, valid=Range(0, 1))
+                                  "sample count of 0; seeded), which the server rejects", added_later=True,
+                                  valid=Range(0, 1))
     round_timeout: float = opt(600.0, "Flower: seconds the server waits for a round's replies (and, at the start, for "
                                "the nodes to say who they are); a client that has not replied by then is missing",
                                added_later=True, valid=Range(0, 7 * 24 * 3600, low_open=True))
     # evaluation and bookkeeping
     eval_every: int = opt(1, "evaluate every N rounds (and always after the last)", valid=Range(1))
     eval_batch_size: int = opt(1000, "evaluation batch size", valid=Range(1))
-    target_accuracy: float = opt(0.0, "report the first round whose headline accuracy reaches this (0 = none)", valid=Range(0, 1))
-    checkpoint_every: int = opt(5, "checkpoint every N rounds (and always after the first and the last)", valid=Range(1))
+    target_accuracy: float = opt(0.0, "report the first round whose headline accuracy reaches this (0 = none)",
+                                 valid=Range(0, 1))
+    checkpoint_every: int = opt(5, "checkpoint every N rounds (and always after the first and the last)",
+                                valid=Range(1))
     checkpoint_seconds: float = opt(300.0, "also checkpoint after a round once this many seconds passed since the "
-                                    "last checkpoint, so a kill loses at most that much work (0 = by rounds only)", valid=Range(0))
+                                    "last checkpoint, so a kill loses at most that much work (0 = by rounds only)",
+                                    valid=Range(0))
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:1, ...")
-    executor: str = opt("auto", "how the simulator trains a round's clients: one after another (sequential), or those that share a sub-model and a step schedule stacked under torch.func.vmap (batched; for accelerators); auto: batched on CUDA, sequential elsewhere", EXECUTORS, added_later=True)
+    executor: str = opt("auto", "how the simulator trains a round's clients: one after another (sequential), or "
+                        "those that share a sub-model and a step schedule stacked under torch.func.vmap (batched; "
+                        "for accelerators); auto: batched on CUDA, sequential elsewhere", EXECUTORS, added_later=True)
     out: str = opt("runs", "folder where run folders are created")
     name: str = opt("", "run folder name (default: method-dataset-seed-timestamp)")
     # the method's own options, by name (declared and validated by the method: ``methods.config_from``)

@@ -53,8 +53,10 @@ class Range:
                 continue
             if integer:
                 out.append(str(int(bound) - 1 if down else int(bound) + 1))
+            elif is_open:
+                out.append(repr(float(bound)))
             else:
-                out.append(repr(float(bound)) if is_open else repr(math.nextafter(bound, -math.inf if down else math.inf)))
+                out.append(repr(math.nextafter(bound, -math.inf if down else math.inf)))
         return out
 
 
@@ -132,8 +134,8 @@ def coerce(key: str, value: Any, annotation: Any, source: str) -> Any:
     try:
         if kind.startswith("list"):
             if isinstance(value, str):
-                items = [x for x in value.split(",") if x.strip() != ""] if value.strip() else []
-                if len(items) != len(value.split(",")) and value.strip():
+                items = value.split(",") if value.strip() else []  # "": the empty list
+                if any(not x.strip() for x in items):
                     raise ValueError  # "1,,2": an empty item is a typo, not a skipped value
             elif isinstance(value, (list, tuple)):
                 items = list(value)
