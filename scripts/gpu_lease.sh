@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One lease of an accelerator for hetfl's image tables, prepared before the lease starts (issue 36).
+#
+#   here:   scripts/gpu_lease.sh stage
+#           copies Fashion-MNIST into .lease/ (git-ignored); the device call carries it (carry: [".lease"])
+#   there:  scripts/gpu_lease.sh run SECONDS WORKERS PRESET... [-- MORE SUITE FLAGS, e.g. --seeds 0 --rounds 150]
+#           hetfl from this checkout's src/ (the machine's image holds torch, numpy, tqdm and matplotlib), data from
+#           .lease/, `hetfl bench suite` on cuda within SECONDS with WORKERS processes; then each preset's
+#           finished-runs.json goes to $OUT as PRESET.finished-runs.json, with the suite's log (at most 8 files
+#           come back from a call: up to 7 presets per call)
+#   here:   scripts/gpu_lease.sh collect FOLDER [-- THE SAME SUITE FLAGS]
+#           puts each FOLDER/PRESET.finished-runs.json into results/PRESET/ (merged with what is there) and writes
+#           the interim tables: hetfl bench PRESET --report-only --reuse-saved
+#
+# SECONDS: the device time left less 3 minutes (the machine's start and the copies back). DEVICE=cpu runs it here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LEASE=.lease
+
+case "${1:-}" in
+stage)
+    mkdir -p "$LEASE/fashion-mnist"
+    src=/usr/share/datasets/fashion-mnist
+    [ -d "$src" ] || src="${HETFL_CACHE:-$HOME/.cache/hetfl}/fashion-mnist"
+    cp "$src"/*-ubyte* "$LEASE/fashion-mnist/"
+    du -sh "$LEASE"
+    ;;
+run)
+    shift
+    budget=$1 workers=$2
+    shift 2
+    presets=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do presets+=("$1"); shift; done
+    [ $# -gt 0 ] && shift  # the --
+    out=${OUT:-/tmp/lease-out}
+    mkdir -p "$out"
+    export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HETFL_DATA_DIR="$PWD/$LEASE" PYTHONUNBUFFERED=1
+    python3 -m hetfl bench suite "${presets[@]}" --device "${DEVICE:-cuda}" --workers "$workers" \
+        --time-budget "$budget" --out /tmp/lease-results --runs-dir /tmp/lease-runs --quiet "$@" \
+        2>&1 | tee "$out/suite.log" || true
+    for p in "${presets[@]}"; do
+        name=$(basename "$p" .toml)
+        f=/tmp/lease-results/$name/finished-runs.json
+        [ -f "$f" ] && cp "$f" "$out/$name.finished-runs.json"
+    done
+    ls -l "$out"
+    ;;
+collect)
+    folder=$2
+    shift 2
+    [ $# -gt 0 ] && shift  # the --
+    for f in "$folder"/*.finished-runs.json; do
+        name=$(basename "$f" .finished-runs.json)
+        mkdir -p "results/$name"
+        python3 - "$f" "results/$name/finished-runs.json" <<'EOF'
+import json, os, sys
+new, path = sys.argv[1], sys.argv[2]
+runs = json.load(open(path)) if os.path.exists(path) else {}
+runs.update(json.load(open(new)))
+json.dump(runs, open(path, "w"), indent=1)
+print(f"{path}: {len(runs)} runs")
+EOF
+        .venv/bin/hetfl bench "$name" --out "results/$name" --report-only --reuse-saved "$@" || true
+    done
+    ;;
+*)
+    sed -n '2,18p' "$0"
+    exit 2
+    ;;
+esac
