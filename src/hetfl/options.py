@@ -38,12 +38,13 @@ class Range:
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
     def describe(self) -> str:
-        """The bounds as a user reads them: "> 0", ">= 1", "in (0, 1]"."""
+        """The bounds as a user reads them: "> 0", ">= 1", "in (0, 1]", "in [0, 4294967295]"."""
+        low, high = _number(self.low), _number(self.high)
         if self.low is not None and self.high is not None:
-            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
         if self.low is not None:
-            return f"{'>' if self.low_open else '>='} {self.low:g}"
-        return f"{'<' if self.high_open else '<='} {self.high:g}"
+            return f"{'>' if self.low_open else '>='} {low}"
+        return f"{'<' if self.high_open else '<='} {high}"
 
     def edges(self, integer: bool) -> list[str]:
         """Values just outside each bound, as flag text (for tests of the bounds)."""
@@ -58,6 +59,11 @@ class Range:
             else:
                 out.append(repr(math.nextafter(bound, -math.inf if down else math.inf)))
         return out
+
+
+def _number(x: float | None) -> str:
+    """``x`` as written in a range: integers in full, other numbers in their shortest form."""
+    return str(int(x)) if x is not None and float(x).is_integer() else f"{x:g}" if x is not None else ""
 
 
 def check_value(name: str, value: Any, kind: str, valid: Range | None) -> None:
