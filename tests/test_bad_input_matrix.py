@@ -245,6 +245,8 @@ FILES += [
     Case("summaries.json not JSON", REPORT, results_file("summaries.json", "{"), "summaries.json"),
     Case("summaries.json a list", REPORT, results_file("summaries.json", "[1]"), "summaries.json"),
     Case("summaries.json runs lack curves", REPORT, results_file("summaries.json", '{"AllSmall": [{"seed": 0}]}'),
+         "curve"),
+    Case("summaries.json runs lack seeds", REPORT, results_file("summaries.json", '{"AllSmall": [{"curve": []}]}'),
          "summaries.json"),
     Case("finished-runs.json a list", [*REPORT, "--reuse-saved"], results_file("finished-runs.json", "[1, 2]"),
          "finished-runs.json"),

@@ -192,6 +192,10 @@ def finished_run(runs_root: Path, cfg: Config) -> dict | None:
 
 def at_target(summary: dict, cfg: Config) -> dict:
     """``summary`` with the target and the rounds to it of ``cfg``, read off the summary's curve."""
+    curve = summary.get("curve")
+    if not isinstance(curve, list) or not all(isinstance(p, list) and len(p) == 2 for p in curve):
+        raise HetflError(f"the saved summary of run {cfg.name} has no curve of (round, accuracy) pairs; delete it "
+                         "(summaries.json, finished-runs.json or its run folder's summary.json) to train it again")
     return {**summary, "target_accuracy": cfg.target_accuracy,
             "rounds_to_target": rounds_to_target(summary["curve"], cfg.target_accuracy)}
 
@@ -370,9 +374,8 @@ def read_json(path: Path):
 
 
 def _is_summary(s) -> bool:
-    """Whether ``s`` looks like a run's summary: a table with a seed and a curve of (round, accuracy) pairs."""
-    return isinstance(s, dict) and type(s.get("seed")) is int and isinstance(s.get("curve"), list) and \
-        all(isinstance(p, list) and len(p) == 2 for p in s["curve"])
+    """Whether ``s`` can be a run's summary: a table with a seed (its curve is checked where it is read)."""
+    return isinstance(s, dict) and type(s.get("seed")) is int
 
 
 def read_summaries(path: Path) -> dict[str, list[dict]]:
@@ -388,7 +391,7 @@ def read_summaries(path: Path) -> dict[str, list[dict]]:
 def read_finished(path: Path) -> dict[str, dict]:
     """The runs' summaries of a ``FINISHED`` file, by run folder name, after checking its structure."""
     saved = read_json(path)
-    if not isinstance(saved, dict) or not all(map(_is_summary, saved.values())):
+    if not isinstance(saved, dict) or not all(isinstance(s, dict) for s in saved.values()):
         raise HetflError(f"{path} is not a table of finished runs' summaries; delete it to train its runs again")
     return saved
 
