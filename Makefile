@@ -55,7 +55,7 @@ demo: data
 test: data $(TEXT)
 	$(PY) -m pytest
 
-# the soak tests make test leaves out (Flower federations killed and resumed, bench suite budgets): 8-10 minutes
+# the soak tests make test leaves out (Flower federations and runs killed and resumed, bench suite budgets)
 soak: data $(TEXT)
 	$(PY) -m pytest -m soak
 

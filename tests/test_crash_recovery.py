@@ -120,6 +120,7 @@ def killed_at(tmp_path: Path, point: str | None, **changes) -> Path:
     ("checkpoint:renamed:2", {"checkpoint", "checkpoint.old"}),           # swapped in, the old one not yet deleted
     ("checkpoint:old-half-deleted:1", {"checkpoint", "checkpoint.old"}),  # killed while deleting checkpoint.old
 ])
+@pytest.mark.soak  # a process killed at each step of the checkpoint swap: about 70 s
 def test_kill_during_a_checkpoint_then_resume_gives_the_same_weights(tmp_path, reference, point, left):
     run = killed_at(tmp_path, point)
     assert left <= {p.name for p in run.iterdir()}

@@ -89,6 +89,7 @@ def test_decoupled_levels_are_trained_only_by_their_own_clients(tiny_cfg):
     assert set(sim.evaluate()[0]) == {"global", "level1", "level2", "level3"}
 
 
+@pytest.mark.soak  # a real process killed and resumed: about 30 s
 def test_run_killed_by_a_signal_resumes_to_bit_identical_weights(tiny_cfg, tmp_path):
     """A real `hetfl run` process is SIGKILLed mid-run, then `hetfl run --resume` finishes it."""
     import os
