@@ -376,25 +376,33 @@ def cmd_plot(args) -> int:
     out = image_path(args.out if args.out is not None else run_dir / "curves.png", "--out")
     history, partial = read_jsonl(metrics)
     check_rounds(history, metrics)
-    curves = {}
+    curves = exit_curves(history, metrics)
+    if partial:
+        warn_partial_line(metrics, "plotting the complete rounds")
+    plot_curves(curves, out, title=run_dir.name)
+    print(f"curves written to {out}")
+    return 0
+
+
+def exit_curves(history: list[dict], metrics: Path) -> dict[str, list[list[tuple[int, float]]]]:
+    """The (round, accuracy) curve of every exit and ensemble of every evaluated model in a run's records, as
+    ``plot_curves`` takes them; HetflError where a record's evaluation is not accuracies in [0, 1]."""
+    curves: dict[str, list[list[tuple[int, float]]]] = {}
     for r in history:
         evaluation = r.get("eval", {})
         if not isinstance(evaluation, dict) or not all(isinstance(ev, dict) for ev in evaluation.values()):
             raise HetflError(f"{metrics}: round {r['round']}'s eval must map each model to its accuracies")
         for label, ev in evaluation.items():
             for key, acc in ev.items():
-                if key.startswith("exit") or key == "ensemble":
-                    if not isinstance(acc, (int, float)) or isinstance(acc, bool) or not 0 <= acc <= 1:
-                        raise HetflError(f"{metrics}: round {r['round']}'s {label}/{key} is {acc!r}, not an "
-                                         "accuracy in [0, 1]")
-                    curves.setdefault(f"{label}/{key}", [[]])[0].append((r["round"], acc))
+                if not (key.startswith("exit") or key == "ensemble"):
+                    continue
+                if not isinstance(acc, (int, float)) or isinstance(acc, bool) or not 0 <= acc <= 1:
+                    raise HetflError(f"{metrics}: round {r['round']}'s {label}/{key} is {acc!r}, not an accuracy in "
+                                     "[0, 1]")
+                curves.setdefault(f"{label}/{key}", [[]])[0].append((r["round"], acc))
     if not curves:
         raise HetflError(f"{metrics} has no evaluated rounds to plot")
-    if partial:
-        warn_partial_line(metrics, "plotting the complete rounds")
-    plot_curves(curves, out, title=run_dir.name)
-    print(f"curves written to {out}")
-    return 0
+    return curves
 
 
 def build_parser() -> argparse.ArgumentParser:
