@@ -115,8 +115,9 @@ def parse_seeds(text: str | None, command: str) -> list[int] | None:
     return seeds
 
 
-def check_bench_args(args) -> None:
-    """Returns None; raises HetflError naming the first of bench's counts, budgets or devices that is not usable."""
+def check_bench_args(args) -> list[int] | None:
+    """The ``--seeds`` of a bench (None when not given), after checking its counts, budgets, device and seeds;
+    HetflError names the first that is not usable."""
     command = f"bench {args.preset}"
     for flag, value, low in (("rounds", args.rounds, 1), ("repeats", args.repeats, 1), ("kills", args.kills, 1),
                              ("workers", args.workers, 1)):
@@ -126,7 +127,7 @@ def check_bench_args(args) -> None:
         from .sim import resolve_device
 
         resolve_device(args.device)
-    parse_seeds(args.seeds, command)
+    return parse_seeds(args.seeds, command)
 
 
 def cmd_run(args) -> int:
@@ -231,7 +232,7 @@ def cmd_data_fetch(args) -> int:
     return 0
 
 
-def cmd_bench_suite(args) -> int:
+def cmd_bench_suite(args, seeds: list[int] | None) -> int:
     from .bench.suite import run_suite
 
     if args.report_only or args.reuse_saved:
@@ -239,7 +240,6 @@ def cmd_bench_suite(args) -> int:
                          "writes the table of every preset whose runs are all finished")
     if args.time_budget is None:
         raise HetflError("bench suite: --time-budget SECONDS is required (the device time to spend)")
-    seeds = parse_seeds(args.seeds, "bench suite")
     result = run_suite(args.more_presets, time_budget=args.time_budget,
                        workers=1 if args.workers is None else args.workers, device=args.device, out=args.out,
                        runs_dir=args.runs_dir, rounds=args.rounds, seeds=seeds, progress=not args.quiet)
@@ -247,9 +247,9 @@ def cmd_bench_suite(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    check_bench_args(args)
+    seeds = check_bench_args(args)
     if args.preset == "suite":
-        return cmd_bench_suite(args)
+        return cmd_bench_suite(args, seeds)
     if args.more_presets:  # the message argparse gave before `suite` took more than one preset
         raise HetflError(f"unrecognized arguments: {' '.join(args.more_presets)}")
     if args.workers is not None or args.time_budget is not None:
@@ -289,12 +289,11 @@ def cmd_bench(args) -> int:
     if args.preset == "chaos":
         from .bench.chaos import run_chaos
 
-        seed = (parse_seeds(args.seeds, "bench chaos") or [0])[0]
+        seed = (seeds or [0])[0]
         return 0 if run_chaos(kills=args.kills, rounds=args.rounds or 40, seed=seed, out=args.out)["ok"] else 1
     from .bench.runner import run_bench
 
     overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
-    seeds = parse_seeds(args.seeds, "bench")
     out = run_bench(args.preset, out=args.out, runs_dir=args.runs_dir, overrides=overrides, seeds=seeds,
                     progress=not args.quiet, report_only=args.report_only, reuse_saved=args.reuse_saved)
     print(f"results written to {out}")

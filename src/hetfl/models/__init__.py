@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 
@@ -123,10 +124,8 @@ TRAINING_COPIES = 5
 def _check_fits_memory(family: ModelFamily) -> None:
     """Returns None; raises HetflError when training the global model would not fit in this machine's memory,
     counted on the meta device (no memory is allocated), before anything allocates it."""
-    with torch.device("meta"):
-        model = family.builder(family.input_shape, family.num_classes, width=family.base_width,
-                               depth=family.arch.num_blocks, norm=family.norm)
-    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    size = _parameter_bytes(family.name, family.input_shape, family.num_classes, family.base_width, family.norm,
+                            family.arch.exit_after)
     memory = physical_memory()
     if TRAINING_COPIES * size > memory:
         raise HetflError(f"model_width {family.base_width:g} makes a {family.name} of {size:.3g} bytes of parameters; "
@@ -134,10 +133,20 @@ def _check_fits_memory(family: ModelFamily) -> None:
                          f"GiB of memory: choose a smaller model_width")
 
 
+@lru_cache(maxsize=64)
+def _parameter_bytes(name: str, input_shape: tuple[int, ...], num_classes: int, width: float, norm: str,
+                     exit_after: tuple[int, ...]) -> int:
+    """Bytes of the parameters of the full model of a family (built on the meta device once per process: families
+    are made again and again, for every method, client and set of exits)."""
+    entry = FAMILIES[name]
+    with torch.device("meta"):
+        model = entry.builder(input_shape, num_classes, width=width, depth=entry.blocks(), norm=norm,
+                              exit_after=exit_after)
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def physical_memory() -> int:
     """Bytes of memory of this machine."""
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
