@@ -33,7 +33,7 @@ CASES = {
     "depthfl-fedavg-maximum": dict(method="depthfl-fedavg", scenario="maximum"),
     "inclusivefl-vit-md": dict(method="inclusivefl", model="vit", model_width=1.0, levels=3, md_beta=0.2,
                                server_lr=0.05),
-    "inclusivefl-womd": dict(method="inclusivefl-womd"),
+    "inclusivefl-womd": dict(method="inclusivefl-womd", model="cnn"),
     "heterofl": dict(method="heterofl"),
     "heterofl-macs-budget": dict(method="heterofl", budget="macs", budget_ratios=[0.1, 0.3, 0.35, 1.0]),
     "sheterofl": dict(method="sheterofl"),

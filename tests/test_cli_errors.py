@@ -54,7 +54,7 @@ TINY = ["--dataset", "digits", "--num-clients", "20", "--rounds", "1", "--model-
     (["--method", "scalefl", "--scalefl-beta", "1"], "scalefl_beta must be in [0, 1)"),
     (["--method", "depthfl", "--levels", "5"], "levels 5 is beyond the depth of model 'cnn' (4 sub-models for method 'depthfl' with depth scaling)"),
     (["--scenario", "sometimes"], "scenario 'sometimes' is not allowed; choose one of: fixed, dynamic, maximum"),
-    (["--method", "inclusivefl", "--levels", "3"], "momentum distillation needs blocks of identical shapes"),
+    (["--method", "inclusivefl", "--model", "cnn", "--levels", "3"], "momentum distillation needs blocks of identical shapes"),
     (["--md-beta", "0.5"], "md_beta is an option of inclusivefl, inclusivefl-womd; method 'alllarge' does not"),
     (["--method", "inclusivefl", "--model", "vit", "--md-beta", "1.5"], "md_beta must be in [0, 1]"),
     (["--method", "heterofl", "--widths", "0.25,0.5,1.5,1"], "widths must be in (0, 1]"),

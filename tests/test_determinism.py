@@ -8,10 +8,8 @@ from hetfl.methods import METHODS
 from hetfl.slicing import corner
 from hetfl.trainers.schedule import ClientData
 
-# momentum distillation needs blocks of one shape; Ree a class token; FeDepth blocks that fit a 1/6-width budget
-OPTIONS = {"inclusivefl": {"model": "vit"}, "reefl": {"model": "vit"}, "reefl-nokd": {"model": "vit"},
-           "fedepth": {"model": "preresnet20"},
-           "m-fedepth": {"model": "preresnet20", "budget_ratios": [1 / 6, 1 / 3, 1 / 2, 2.0]}}  # with peers
+# every method on its own defaults (its paper's backbone included); m-FeDepth with a budget that affords peers
+OPTIONS = {"m-fedepth": {"budget_ratios": [1 / 6, 1 / 3, 1 / 2, 2.0]}}
 
 
 @pytest.mark.parametrize("method", list(METHODS))

@@ -230,11 +230,20 @@ def test_task_carries_the_plan_through_json(tiny_cfg):
     ({"server_opt": "feddyn"}, "not feddyn"),
     ({"exits": [2, 8]}, "drop --exits"),
     ({"buffer_prefix": True, "flip": True}, "buffer_prefix keeps"),
-    ({"budget_ratios": [0.001, 0.5, 0.75, 1.0]}, "trains no block of preresnet20"),
+    ({"budget_ratios": [0.001, 0.002]}, "no budget trains a block of preresnet20"),
 ])
 def test_bad_fedepth_configs_are_one_line_errors(changes, fragment):
     with pytest.raises(HetflError, match=fragment):
         build_method(config_from({"method": "fedepth", "model": "preresnet20", **changes}), (1, 8, 8), 10)
+
+
+def test_clients_whose_budget_trains_no_block_sit_out_with_a_warning(capsys):
+    method = build_method(config_from({"method": "fedepth", "budget_ratios": [0.001, 0.5, 0.75, 1.0]}), (1, 8, 8), 10)
+    assert "trains no block of preresnet20" in capsys.readouterr().err
+    assert method.plan(0, method.level_budgets[0], 1) is None
+    assert method.configure(method.init_state(0), 0, method.level_budgets[0], 1) is None
+    assert all(method.plan(0, b, 1) is not None for b in method.level_budgets[1:])
+    assert "sits out" in str(method.budget_report())
 
 
 def test_no_batch_exceeds_the_batch_size_where_the_budget_is_measured():

@@ -109,8 +109,8 @@ def test_fedadam_state_is_per_level():
 def test_inclusivefl_without_md_learns_digits_end_to_end(tiny_cfg):
     from hetfl.sim import Simulation
 
-    sim = Simulation(tiny_cfg(method="inclusivefl-womd", server_opt="fedavg", rounds=6, client_fraction=0.5,
-                              model_width=0.5))
+    sim = Simulation(tiny_cfg(method="inclusivefl-womd", model="cnn", server_opt="fedavg", rounds=6,
+                              client_fraction=0.5, model_width=0.5))
     summary = sim.run(progress=False)
     assert set(summary["final"]) == {"global", "level1", "level2", "level3"}
     assert set(summary["final"]["level2"]) == {"exit2", "ensemble", "loss"}

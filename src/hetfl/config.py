@@ -241,9 +241,6 @@ class Config:
                                  "give one width per level")
             if any(b <= a for a, b in zip(self.widths, self.widths[1:])):
                 raise HetflError(f"widths must increase from the smallest level to the largest, got {self.widths}")
-        if self.num_clients * self.client_fraction < 1:
-            raise HetflError(f"client_fraction {self.client_fraction} of {self.num_clients} clients samples "
-                             "no client; raise client_fraction or num_clients")
         return self
 
     @property
@@ -272,7 +269,7 @@ class Config:
 
     @property
     def clients_per_round(self) -> int:
-        """Clients sampled each round: round(fraction * clients), at least 1."""
+        """Clients sampled each round: round(fraction * clients), at least 1 (FedAvg's m = max(C K, 1))."""
         return max(1, round(self.client_fraction * self.num_clients))
 
     def lr_at(self, round_index: int) -> float:

@@ -13,8 +13,10 @@ measured memory budget. Algorithm 1 as hetfl runs it:
   group fits (``costs.group_memory``: the group's and the head path's saved activations, the
   frozen prefix keeping nothing, + its parameters, gradients and momentum); a block that does not
   fit even alone is never trained by that client (Sec. "Handle extreme memory constraints":
-  partial training). Planned on the server, which holds the cost model, and sent in the client's
-  task (``task.Blockwise``)                                                 -> ``decompose``, ``schedule``
+  partial training). A client whose budget trains no block at all sits its rounds out, with a
+  warning (the paper is silent; partial training taken to its end), unless no budget trains any.
+  Planned on the server, which holds the cost model, and sent in the client's task
+  (``task.Blockwise``)                                                      -> ``decompose``, ``schedule``
 * lines 9-15, problem (1) - depth-wise sequential learning on the client with the skip connection
   of Fig. 4 or auxiliary classifiers (``fedepth_head``); every group runs the full local budget
   of steps; the frozen prefix's output optionally buffered (``buffer_prefix``)
@@ -48,7 +50,7 @@ from dataclasses import dataclass, replace
 
 from ..costs import group_memory
 from ..devices import Budget, describe_budget
-from ..errors import HetflError
+from ..errors import HetflError, warn
 from ..options import Range, opt
 from ..slicing import SubModel
 from ..task import BLOCKWISE_HEADS, Blockwise
@@ -103,7 +105,8 @@ class FeDepth(Method):
     summary = "every client trains the full model block group by block group within its measured memory (FeDepth)"
     Options = Options
     scalings = ("depth",)
-    defaults = {"budget": "width-memory", "budget_ratios": [1 / 6, 1 / 3, 1 / 2, 1.0]}
+    # Sec. 5.1: PreResNet-20 and the Fair budgets; the default CNN's first block alone outgrows the r = 1/6 budget
+    defaults = {"model": "preresnet20", "budget": "width-memory", "budget_ratios": [1 / 6, 1 / 3, 1 / 2, 1.0]}
 
     def __init__(self, cfg, family, num_levels, device="cpu"):
         super().__init__(cfg, family, num_levels, device)
@@ -126,18 +129,31 @@ class FeDepth(Method):
         """The full model: every client trains all of it."""
         return [self.full_spec()]
 
-    def fit(self, budget: Budget) -> SubModel:
-        """The full model, once the budget is checked to afford the training of at least one block."""
-        self.schedule(budget)
-        return self.full_spec()
+    def fit(self, budget: Budget) -> SubModel | None:
+        """The full model, or None (the client sits out) where the budget trains no block."""
+        return None if self.schedule(budget) is None else self.full_spec()
 
-    def plan(self, client, budget, round_index) -> SubModel:
-        """Alg. 1 line 3: the whole global model."""
+    def use_budgets(self, level_budgets, cost) -> None:
+        """The levels' budgets, once checked that at least one trains a block (the others' clients sit out)."""
+        if not any(self.groups_within(b.memory_bytes) for b in level_budgets):
+            smallest = min(self.group_cost(b, b) for b in range(self.family.arch.num_blocks))
+            largest = max(level_budgets, key=lambda b: b.memory_bytes)
+            raise HetflError(f"no budget trains a block of {self.family.name}: the largest is "
+                             f"{describe_budget(largest)} and the smallest block needs {smallest / 2**20:.2f} MiB; "
+                             f"raise --budget-ratios or lower --batch-size")
+        super().use_budgets(level_budgets, cost)
+
+    def plan(self, client, budget, round_index) -> SubModel | None:
+        """Alg. 1 line 3: the whole global model (None: the client's budget trains no block, it sits out)."""
         return self.fit(budget)
 
     def configure(self, state, client, budget, round_index):
-        """The task of training the whole model block-wise, with the client's decomposition (Fig. 3)."""
-        task, local = super().configure(state, client, budget, round_index)
+        """The task of training the whole model block-wise, with the client's decomposition (Fig. 3); None where the
+        client sits out."""
+        configured = super().configure(state, client, budget, round_index)
+        if configured is None:
+            return None
+        task, local = configured
         return replace(task, trainer="blockwise", blockwise=self.schedule(budget)), local
 
     # ---- the decomposition --------------------------------------------------------------------
@@ -145,15 +161,18 @@ class FeDepth(Method):
         """Measured bytes of one step of training blocks first..last with ``models`` models at the batch size."""
         return group_memory(self.family, first, last, self.cfg.batch_size, self.options.fedepth_head, models)
 
-    def schedule(self, budget: Budget) -> Blockwise:
-        """The plan of a client with ``budget``: its groups (Fig. 3), its number of models, the planned bytes."""
+    def schedule(self, budget: Budget) -> Blockwise | None:
+        """The plan of a client with ``budget``: its groups (Fig. 3), its number of models, the planned bytes;
+        None where the budget trains no block (warned once per budget)."""
         if budget not in self._schedules:
             limit = budget.memory_bytes
             groups = self.groups_within(limit)
             if not groups:
                 smallest = min(self.group_cost(b, b) for b in range(self.family.arch.num_blocks))
-                raise HetflError(f"a budget of {describe_budget(budget)} trains no block of {self.family.name}: the "
-                                 f"smallest needs {smallest / 2**20:.2f} MiB")
+                warn(f"a budget of {describe_budget(budget)} trains no block of {self.family.name} (the smallest "
+                     f"needs {smallest / 2**20:.2f} MiB): its clients sit out")
+                self._schedules[budget] = None
+                return None
             groups, models = self.models_for(groups, limit)
             self._schedules[budget] = Blockwise(
                 groups=groups, head=self.options.fedepth_head, models=models, budget_bytes=limit,
@@ -178,6 +197,9 @@ class FeDepth(Method):
         levels = []
         for level, budget in enumerate(self.level_budgets or [], start=1):
             plan = self.schedule(budget)
+            if plan is None:
+                levels.append([f"level {level}", mib(budget.memory_bytes), "sits out", "all", "0", "-"])
+                continue
             trained = _blocks(plan.groups)
             levels.append([f"level {level}", mib(budget.memory_bytes), " -> ".join(map(_group_label, plan.groups)),
                            ",".join(f"B{b + 1}" for b in range(n) if b not in trained) or "-", str(plan.models),
@@ -235,4 +257,4 @@ class MFeDepth(FeDepth):
     @property
     def stateful_clients(self) -> bool:
         """Whether some budget affords several models: the others live in their client's own state between rounds."""
-        return any(self.schedule(b).models > 1 for b in self.level_budgets or [])
+        return any((plan := self.schedule(b)) is not None and plan.models > 1 for b in self.level_budgets or [])

@@ -68,7 +68,10 @@ class InclusiveFL(Method):
     summary = "depth sub-models with per-level top block and head, momentum distillation, FedAdam (InclusiveFL)"
     scalings = ("depth",)
     Options = Options
-    defaults = {"server_opt": "fedadam", "train_exits": "last", "aggregation_weights": "uniform", "md_beta": 0.2}
+    # Sec. 4: transformers (BERT, ViT) whose blocks share one shape, as momentum distillation needs; on images the
+    # ViT, on text the pretrained MiniLM (config_from)
+    defaults = {"model": "vit", "server_opt": "fedadam", "train_exits": "last", "aggregation_weights": "uniform",
+                "md_beta": 0.2}
 
     def __init__(self, cfg, family, num_levels, device="cpu"):
         super().__init__(cfg, family, num_levels, device)

@@ -60,7 +60,8 @@ class ReeFL(Method):
     # Appendix A: SGD without momentum or weight decay, lr 0.05 cosine-annealed to 1e-3, eta ramped over 30%, and
     # gradients clipped. The paper clips each value to [-1, 1]; hetfl clips the L2 norm at 1: on MiniLM (R8, frozen,
     # lr 0.05) ReeFL without clipping stays at the majority class (the shared classifier sums every exit's gradient)
-    defaults = {"kd_weight": 1.0, "kd_ramp": 0.3, "inference": "ensemble", "momentum": 0.0, "weight_decay": 0.0,
+    # and a transformer backbone (Sec. 4.1: DeiT on images; here the ViT, on text the pretrained MiniLM)
+    defaults = {"model": "vit", "kd_weight": 1.0, "kd_ramp": 0.3, "inference": "ensemble", "momentum": 0.0, "weight_decay": 0.0,
                 "lr": 0.05, "lr_schedule": "cosine", "lr_min": 1e-3, "clip_grad": 1.0}
 
     @classmethod
