@@ -62,3 +62,41 @@ def test_ensemble_accuracy_worked_by_hand():
     assert result["exit1"] == pytest.approx(3 / 3)
     assert result["exit2"] == pytest.approx(1 / 3)
     assert result["ensemble"] == pytest.approx(2 / 3)
+
+
+def test_truncations_are_found_by_equal_tensors_and_a_subset_of_exits():
+    from hetfl.evaluate import truncations
+
+    w = torch.arange(6.0)
+    states = {"global": {"a": w, "b": w + 1, "exit": w}, "prefix": {"a": w, "exit": w},
+              "narrow": {"a": w[:3], "exit": w}, "other": {"a": w * 2, "exit": w}}
+    numbers = {"global": (1, 2, 3), "prefix": (1, 3), "narrow": (1,), "other": (1,)}
+    found = truncations(states, numbers, ["prefix", "narrow", "other"])
+    assert found == {"prefix": ("global", [0, 2])}  # a width slice or other weights are models of their own
+
+
+@pytest.mark.parametrize("method,options", [("splitmix", {}), ("scalefl", {"levels": 3, "widths": None})])
+def test_a_model_scored_from_a_larger_ones_logits_scores_as_if_run_alone(tiny_cfg, method, options):
+    """SplitMix's levels hold some of the global model's bases: their scores come from its logits, bit-identical
+    to running each level's model alone with its own static BN statistics."""
+    from hetfl.evaluate import truncations
+    from hetfl.slicing import extract
+    from hetfl.sim import Simulation
+
+    sim = Simulation(tiny_cfg(method=method, rounds=2, **{k: v for k, v in options.items() if v is not None}))
+    sim.run(progress=False)
+    steps = []
+    served, _ = sim.evaluate(on_model=steps.append)
+    specs = sim.method.eval_specs()
+    models = {label: sim.eval_models.module(spec) for label, spec in specs.items()}
+    states = {spec: extract(sim.state.params, sim.eval_models.shapes(spec), spec) for spec in specs.values()}
+    inside = truncations(states, {s: sim.eval_models.module(s).exit_numbers for s in states}, list(states))
+    if method == "splitmix":
+        assert inside and len(steps) == len(specs) - len(inside)  # each model run once
+    for label, spec in specs.items():
+        model = sim.eval_models.loaded(spec, states[spec])
+        with sim._statistics(model):
+            alone = evaluate(model, sim.x_test, sim.y_test, sim.cfg.eval_batch_size)
+        assert served[label] == alone, label
+    assert all(step.endswith(f"({len(steps)}/{len(steps)})") for step in steps[-1:])
+    del models

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -18,20 +18,62 @@ INFERENCES = ("last", "ensemble")  # a model's headline prediction: its last exi
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> dict[str, float]:
     """Accuracy of each exit ("exit1".."exitN"), of the ensemble, and the last exit's mean CE ("loss")."""
+    return exit_scores(exit_logits(model, x, batch_size), y, batch_size, exit_numbers(model))
+
+
+def exit_numbers(model: nn.Module) -> tuple[int, ...] | None:
+    """The 1-based numbers of the exits ``model`` returns, or None for 1..N."""
+    return getattr(model, "exit_numbers", None)
+
+
+def truncations(states: Mapping[Hashable, Mapping[str, torch.Tensor]],
+                numbers: Mapping[Hashable, Sequence[int] | None], candidates: Iterable[Hashable]
+                ) -> dict[Hashable, tuple[Hashable, list[int]]]:
+    """Which of ``candidates`` are truncations of another model of ``states``: model -> (the largest such other
+    model, which is no truncation itself, and the positions of the model's exits among that one's exits).
+
+    A model every tensor of which another holds, equal, with a subset of the other's exits, computes what the
+    other computes on the way to those exits (a depth prefix with the same weights, SplitMix's level holding some
+    of the global model's bases): the same static BN statistics, since each layer sees the same inputs in the same
+    chunks, and the same exit logits. Scoring it from the other's logits is exact and runs nothing twice.
+    """
+    def within(a, b) -> bool:
+        tensors, outer = states[a], states[b]
+        return (a != b and numbers[a] is not None and numbers[b] is not None
+                and set(numbers[a]) <= set(numbers[b]) and (len(tensors), len(numbers[a])) < (len(outer), len(numbers[b]))
+                and all(k in outer and outer[k].shape == t.shape and torch.equal(outer[k], t) for k, t in tensors.items()))
+
+    found = {}
+    for a in candidates:
+        outer = [b for b in states if within(a, b)]
+        if outer:
+            b = max(outer, key=lambda s: (len(states[s]), len(numbers[s])))
+            found[a] = (b, [list(numbers[b]).index(n) for n in numbers[a]])
+    return found
+
+
+@torch.no_grad()
+def exit_logits(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> list[list[torch.Tensor]]:
+    """Per batch of ``batch_size`` samples of ``x``, the logits of every exit ``model`` holds, shallowest first."""
     model.eval()
+    return [model(x[start:start + batch_size]) for start in range(0, len(x), batch_size)]
+
+
+def exit_scores(batches: list[list[torch.Tensor]], y: torch.Tensor, batch_size: int,
+                numbers: Sequence[int] | None = None) -> dict[str, float]:
+    """``evaluate``'s scores from per-batch exit logits (``exit_logits``): the exits are numbered ``numbers``
+    (default 1..N), the ensemble is the mean of their logits, the loss is the last exit's mean CE."""
     correct: torch.Tensor | None = None
-    loss = torch.zeros((), device=x.device)
-    for start in range(0, len(y), batch_size):
+    loss = torch.zeros((), device=y.device)
+    for start, logits in zip(range(0, len(y), batch_size), batches):
         target = y[start:start + batch_size]
-        logits = model(x[start:start + batch_size])
         outputs = logits + [ensemble_logits(logits)]
         hits = torch.stack([(o.argmax(1) == target).sum() for o in outputs])
         correct = hits if correct is None else correct + hits
         loss += F.cross_entropy(logits[-1], target, reduction="sum")
     n = len(y)
     acc = (correct.double() / n).tolist()
-    numbers = getattr(model, "exit_numbers", range(1, len(acc)))
-    result = {f"exit{n}": a for n, a in zip(numbers, acc[:-1])}
+    result = {f"exit{k}": a for k, a in zip(numbers or range(1, len(acc)), acc[:-1])}
     result["ensemble"] = acc[-1]
     result["loss"] = float(loss) / n
     return result

@@ -31,7 +31,7 @@ from .config import Config
 from .data import load_dataset, partition, split_train_test
 from .devices import Budget, Scenario
 from .errors import HetflError, warn
-from .evaluate import evaluate, static_batchnorm
+from .evaluate import exit_logits, exit_numbers, exit_scores, static_batchnorm, truncations
 from .executors import Executor, Job, LocalClients
 from .executors.batched import BatchedExecutor
 from .executors.faults import FaultInjection
@@ -289,13 +289,16 @@ class Simulation:
         return log
 
     @torch.no_grad()
-    def evaluate(self, round_index: int | None = None) -> tuple[dict[str, dict[str, float]], float | None]:
+    def evaluate(self, round_index: int | None = None, on_model: Callable[[str], None] | None = None
+                 ) -> tuple[dict[str, dict[str, float]], float | None]:
         """Accuracy of every exit and the ensemble of each evaluation model of the method, and with client
-        test splits the local accuracy at ``round_index`` (else None).
+        test splits the local accuracy at ``round_index`` (else None). ``on_model(step)`` hears which model is
+        evaluated next ("global (1/4)"), for a progress bar.
 
         Local accuracy (ScaleFL Sec. 4) is the mean over clients of the accuracy of the model the
         client's level trains, on its own test split. Each sub-model is loaded, and its static BN
-        statistics computed, once for both.
+        statistics computed, once for both; a served model that is a truncation of another
+        (``truncations``) is scored from the other's exit logits, which are its own.
         """
         labels: dict[SubModel, list[str]] = {}
         for label, spec in self.method.eval_specs().items():
@@ -306,13 +309,25 @@ class Simulation:
                 spec = self.method.plan(client, self.budget(client, round_index), round_index)
                 if spec is not None and len(test):
                     clients.setdefault(spec, []).append(client)
-        out, accuracies = {}, []
-        for spec in {**labels, **clients}:
-            model = self.eval_models.loaded(spec, extract(self.state.params, self.eval_models.shapes(spec), spec))
+        states = {spec: extract(self.state.params, self.eval_models.shapes(spec), spec) for spec in {**labels, **clients}}
+        numbers = {spec: exit_numbers(self.eval_models.module(spec)) for spec in states}
+        # a model is scored from another's test logits only where both are scored on the test set
+        inside = truncations({s: states[s] for s in labels}, numbers, [s for s in labels if s not in clients])
+        out, accuracies, size = {}, [], self.cfg.eval_batch_size
+        run = [spec for spec in states if spec not in inside]
+        for i, spec in enumerate(run, start=1):
+            if on_model:
+                on_model(f"{'/'.join(labels.get(spec, ['local']))} ({i}/{len(run)})")
+            model = self.eval_models.loaded(spec, states[spec])
             with self._statistics(model), serving(self.frozen_features):
                 if spec in labels:
-                    result = evaluate(model, self.x_test, self.y_test, self.cfg.eval_batch_size)
-                    out.update({label: result for label in labels[spec]})
+                    batches = exit_logits(model, self.x_test, size)
+                    out.update({label: exit_scores(batches, self.y_test, size, numbers[spec]) for label in labels[spec]})
+                    for inner, (outer, positions) in inside.items():  # scored from this model's logits, not run again
+                        if outer == spec:
+                            sub = [[logits[p] for p in positions] for logits in batches]
+                            out.update({label: exit_scores(sub, self.y_test, size, numbers[inner])
+                                        for label in labels[inner]})
                 for client in clients.get(spec, []):
                     idx = self.client_test_parts[client]
                     scores = self.method.predict(model(self.x_train[idx]))
@@ -343,11 +358,16 @@ class Simulation:
         last_checkpoint = time.monotonic()
         bar = tqdm(range(self.start_round + 1, cfg.rounds + 1), initial=self.start_round, total=cfg.rounds,
                    desc=f"{cfg.method}", unit="round", disable=not progress, dynamic_ncols=True)
+        def step(what: str) -> None:  # training and evaluating are the bar's steps: evaluation can take as long
+            bar.set_description_str(f"{cfg.method}: {what}", refresh=progress)
+
         for t in bar:
             started = time.perf_counter()
+            step(f"round {t}, training")
             log = self.run_round(t)
             if t % cfg.eval_every == 0 or t == cfg.rounds:
-                log.eval, log.local_accuracy = self.evaluate(t)
+                log.eval, log.local_accuracy = self.evaluate(t, lambda model: step(f"round {t}, evaluating {model}"))
+            bar.set_description_str(cfg.method, refresh=False)
             log.seconds = time.perf_counter() - started
             self.elapsed += log.seconds
             record = log.__dict__
