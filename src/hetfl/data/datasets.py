@@ -3,12 +3,14 @@
 Where each dataset is looked for (the first folder holding its files wins):
 
 * ``data_dir`` when given (the folder itself, or its subfolder named below), else
-* ``$HETFL_DATA_DIR/<subfolder>``: fashion-mnist, mnist, emnist, cifar-10-batches-py, cifar-100-python;
-* fmnist also: /usr/share/datasets/fashion-mnist (Debian package dataset-fashion-mnist), then the
-  download cache ``$HETFL_CACHE/fashion-mnist`` (default ~/.cache/hetfl) that `fetch_fmnist` fills.
+* ``$HETFL_DATA_DIR/<subfolder>``: fashion-mnist, mnist, emnist, cifar-10-batches-py, cifar-100-python, else
+* fmnist only: /usr/share/datasets/fashion-mnist (Debian package dataset-fashion-mnist), else
+* the download cache ``$HETFL_CACHE/<subfolder>`` (default ~/.cache/hetfl), where `hetfl data fetch NAME`
+  (``data/fetch.py``) puts each of fmnist, mnist, emnist, cifar10 and cifar100.
 
 ``digits`` ships with scikit-learn; ``npz:PATH`` and ``idx:DIR`` read the user's own files.
-``20ng`` and ``r8`` are text (``data/text.py``): token ids of the pretrained backbone's tokenizer.
+``20ng``, ``r8`` and the user's ``text:DIR`` are text (``data/text.py``): token ids of the pretrained backbone's
+tokenizer.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from ..errors import HetflError, warn
 from .idx import check_sha256, find_file, parse_idx, read_bytes
-from .text import TEXT_DATASETS, load_text
+from .text import TEXT_DATASETS, USER_PREFIX, is_text, load_text
 
 DATASET_NAMES = ("fmnist", "digits", "mnist", "emnist", "cifar10", "cifar100", *TEXT_DATASETS)
 
@@ -72,6 +74,11 @@ def cache_root() -> Path:
 def fmnist_cache_dir() -> Path:
     """The folder where `fetch_fmnist` puts Fashion-MNIST by default."""
     return cache_root() / "fashion-mnist"
+
+
+def dataset_cache_dir(name: str) -> Path:
+    """The folder where `hetfl data fetch NAME` puts dataset ``name`` (mnist, emnist, cifar10, ...) by default."""
+    return cache_root() / _FOLDER_DATASETS[name].subdir
 
 
 # ---------------------------------------------------------------- file formats
@@ -213,14 +220,27 @@ def _fmnist_fallbacks() -> tuple[Path, ...]:
     return FMNIST_SYSTEM_DIR, fmnist_cache_dir()
 
 
+def _in_cache(subdir: str) -> Callable[[], tuple[Path, ...]]:
+    """The ``fallbacks`` of a dataset that `hetfl data fetch` downloads: its folder in the download cache, looked
+    up when called (HETFL_CACHE may change)."""
+    return lambda: (cache_root() / subdir,)
+
+
+def _fetch_hint(name: str) -> str:
+    """The advice given when dataset ``name`` is not found."""
+    return f"run `hetfl data fetch {name}` or pass --data-dir DIR"
+
+
 _FOLDER_DATASETS = {
     "fmnist": _FolderDataset(_IdxFormat(sha256=FMNIST_SHA256), "fashion-mnist", 10, _fmnist_fallbacks,
-                             "run `hetfl data fetch fmnist` or pass --data-dir DIR"),
-    "mnist": _FolderDataset(_IdxFormat(), "mnist", 10),
-    "emnist": _FolderDataset(_IdxFormat((IDX_FILES, _emnist_files(EMNIST_SPLIT)), transpose=True), "emnist", None),
+                             _fetch_hint("fmnist")),
+    "mnist": _FolderDataset(_IdxFormat(), "mnist", 10, _in_cache("mnist"), _fetch_hint("mnist")),
+    "emnist": _FolderDataset(_IdxFormat((IDX_FILES, _emnist_files(EMNIST_SPLIT)), transpose=True), "emnist", None,
+                             _in_cache("emnist"), _fetch_hint("emnist")),
     "cifar10": _FolderDataset(_CifarFormat(tuple(f"data_batch_{i}" for i in range(1, 6)), ("test_batch",), b"labels"),
-                              "cifar-10-batches-py", 10),
-    "cifar100": _FolderDataset(_CifarFormat(("train",), ("test",), b"fine_labels"), "cifar-100-python", 100),
+                              "cifar-10-batches-py", 10, _in_cache("cifar-10-batches-py"), _fetch_hint("cifar10")),
+    "cifar100": _FolderDataset(_CifarFormat(("train",), ("test",), b"fine_labels"), "cifar-100-python", 100,
+                               _in_cache("cifar-100-python"), _fetch_hint("cifar100")),
 }
 
 
@@ -378,7 +398,8 @@ def _resolve(name: str, data_dir: str | None) -> tuple[tuple[str, str], Callable
         fmt = _IdxFormat()
         folder = _find_folder(name, fmt, [_existing(name[4:], "folder", name)], "idx:DIR needs a folder holding them")
         return ("idx", str(folder)), lambda: fmt.read(folder), None
-    raise HetflError(f"dataset {name!r} is unknown; choose one of: {', '.join(DATASET_NAMES)}, npz:PATH, idx:DIR")
+    raise HetflError(f"dataset {name!r} is unknown; choose one of: {', '.join(DATASET_NAMES)}, npz:PATH, idx:DIR, "
+                     "text:DIR")
 
 
 def _load_text(name: str, data_dir: str | None, max_length: int) -> Dataset:
@@ -386,7 +407,9 @@ def _load_text(name: str, data_dir: str | None, max_length: int) -> Dataset:
     from ..models.minilm import pretrained_dir  # the backbone whose tokenizer the ids are for
 
     tokenizer = pretrained_dir() / "tokenizer.json"
-    key = (f"{name}:{max_length}", f"{data_dir or ''}|{tokenizer.resolve()}")
+    # text:DIR reads DIR alone (data_dir does not apply), resolved: a relative DIR names one folder per process
+    source = Path(name[len(USER_PREFIX):]).expanduser().resolve() if name.startswith(USER_PREFIX) else data_dir or ""
+    key = (f"{name}:{max_length}", f"{source}|{tokenizer.resolve()}")
     if key not in _LOADED:
         x_train, y_train, x_test, y_test, classes = load_text(name, data_dir, tokenizer, max_length)
         _LOADED[key] = Dataset(name, x_train, y_train, x_test, y_test, len(classes))
@@ -394,9 +417,9 @@ def _load_text(name: str, data_dir: str | None, max_length: int) -> Dataset:
 
 
 def load_dataset(name: str, data_dir: str | None = None, max_length: int = 128) -> Dataset:
-    """The dataset ``name`` (see DATASET_NAMES, npz:PATH, idx:DIR), read once per process and then cached;
+    """The dataset ``name`` (see DATASET_NAMES, npz:PATH, idx:DIR, text:DIR), read once per process and then cached;
     text datasets as ``max_length`` token ids per document."""
-    if name in TEXT_DATASETS:
+    if is_text(name):
         return _load_text(name, data_dir or None, max_length)
     key, read, num_classes = _resolve(name, data_dir or None)
     if key not in _LOADED:
