@@ -42,7 +42,8 @@ class Config:
     seed: int = opt(0, "seed of every random choice (data split, levels, sampling, init, batches)",
                     valid=Range(0, 2 ** 32 - 1))
     # data
-    dataset: str = opt("fmnist", "fmnist, digits, mnist, emnist, cifar10, cifar100, 20ng, r8 (text), npz:PATH or idx:DIR")
+    dataset: str = opt("fmnist", "fmnist, digits, mnist, emnist, cifar10, cifar100, 20ng, r8, text:DIR (text), "
+                       "npz:PATH or idx:DIR")
     data_dir: str = opt("", "folder holding the dataset files (default: the usual places, see README)")
     num_clients: int = opt(100, "number of clients", valid=Range(1, 10 ** 6))
     partition: str = opt("iid", "how samples are split over clients",

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..data.text import TEXT_DATASETS
+from ..data.text import is_text
 from ..errors import HetflError
 from ..options import option_fields, recorded
 from .alllarge import AllLarge
@@ -56,7 +56,7 @@ def config_from(values: dict[str, Any], source: str = "config") -> Config:
         if key in values and key not in own:
             raise HetflError(f"{source}: {key} is an option of {', '.join(methods)}; method '{cls.name}' does not "
                              f"use it; drop it")
-    if "model" not in values and values.get("dataset") in TEXT_DATASETS:  # text needs the pretrained encoder
+    if "model" not in values and is_text(values.get("dataset")):  # text needs the pretrained encoder
         values = {**values, "model": "minilm"}
     cfg = Config.from_dict({**cls.defaults, **values}, source, options=cls.Options)
     # the resolved config records them all (but options added later only when set)

@@ -101,7 +101,8 @@ def model_family(name: str, input_shape: tuple[int, ...], num_classes: int, widt
     if head not in HEAD_KINDS:
         raise HetflError(f"head '{head}' is unknown; choose one of: {', '.join(HEAD_KINDS)}")
     if len(input_shape) != (1 if entry.text else 3):
-        wanted = "token ids: use a text dataset (20ng, r8)" if entry.text else "images: a text dataset needs --model minilm"
+        wanted = ("token ids: use a text dataset (20ng, r8, text:DIR)" if entry.text
+                  else "images: a text dataset needs --model minilm")
         raise HetflError(f"model '{name}' reads {wanted}; got inputs of shape {tuple(input_shape)}")
     num_blocks = entry.blocks()
     exits = tuple(entry.exits() if exit_after is None else exit_after)
