@@ -423,14 +423,14 @@ def build_parser() -> argparse.ArgumentParser:
     deploy = sub.add_parser("deploy", help="run one experiment on Flower: a SuperLink and a SuperNode per client "
                             "on loopback", description="Run one experiment on Flower (pip install 'hetfl[flower]'): "
                             "a SuperLink and one SuperNode per client on this machine, hetfl's Flower App on them; "
-                            "the same run folder as `hetfl run`. See README, 'Deploying on Flower'.")
+                            "the same run folder as `hetfl run`. See docs/deployment.md.")
     deploy.add_argument("--config", help="TOML file of options (flags override it)")
     deploy.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted deployment from its last "
                         "checkpoint")
     deploy.add_argument("--nodes", type=int, help="number of SuperNodes, one per client (sets num_clients)")
     deploy.add_argument("--node-config", action="append", metavar="'K:KEY=VALUE ...'",
                         help="more node config for SuperNode K, e.g. '0:level=1' or '2:memory-bytes=2000000' "
-                        "(repeatable; keys in README)")
+                        "(repeatable; keys in docs/deployment.md)")
     deploy.add_argument("--tls", action="store_true", help="TLS between every party, with a CA made for this run")
     deploy.add_argument("--node-auth", action="store_true", help="SuperNode authentication: each node gets a key the "
                         "SuperLink lists (implies --tls)")
@@ -457,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="run a benchmark preset (methods x seeds) or the speed check")
     bench.__class__ = IntermixedParser  # `hetfl bench suite --device cuda a b`: presets after flags
-    bench.add_argument("preset", help="a preset name (see README), a preset .toml file, 'speed', 'throughput' "
+    bench.add_argument("preset", help="a preset name (docs/benchmarks.md), a preset .toml file, 'speed', 'throughput' "
                        "(sequential against batched executor), 'memory', "
                        "'checkpoint' (what a checkpoint costs per round), 'chaos' (kill -9 and resume soak), "
                        "'flower' (the simulator against Flower SuperNodes on loopback) or 'suite' (the presets "

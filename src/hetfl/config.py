@@ -44,7 +44,7 @@ class Config:
     # data
     dataset: str = opt("fmnist", "fmnist, digits, mnist, emnist, cifar10, cifar100, 20ng, r8, text:DIR (text), "
                        "npz:PATH or idx:DIR")
-    data_dir: str = opt("", "folder holding the dataset files (default: the usual places, see README)")
+    data_dir: str = opt("", "folder holding the dataset files (default: the usual places, see docs/data.md)")
     num_clients: int = opt(100, "number of clients", valid=Range(1, 10 ** 6))
     partition: str = opt("iid", "how samples are split over clients",
                          SCHEMES)

@@ -247,7 +247,7 @@ def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: flo
     exit codes."""
     cuda = any(_device_type(j.cfg.device) == "cuda" for j in todo)
     # CPU: the cores are the workers' to share; CUDA: a worker mostly launches kernels (one thread each, as the
-    # twelve `hetfl bench reefl-20ng --device cuda` processes of README ran)
+    # twelve `hetfl bench reefl-20ng --device cuda` processes of docs/benchmarks.md ran)
     threads = 1 if cuda else max(1, len(os.sched_getaffinity(0)) // workers)
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or torch threads
     procs = [ctx.Process(target=_work, args=(todo, jobs, runs_root, stop_at, threads, progress, i + 1))

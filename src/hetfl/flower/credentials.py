@@ -2,7 +2,7 @@
 
 Made fresh for each ``hetfl deploy --tls`` (and for the tests), valid for a week and for
 127.0.0.1/localhost only; a federation on real machines uses certificates and keys of its own
-(README, "Deploying on Flower").
+(docs/deployment.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Node config keys (``flower-supernode --node-config 'partition-id=0 num-partition
 * ``partition-id``, ``num-partitions``: the node is client ``partition-id`` and trains on that
   partition of the run's dataset, cut exactly as the simulator cuts it for the same seed; or
 * ``data-path``: the node trains on its own files (an ``.npz`` file or a folder of IDX files, see
-  README "Datasets"), normalised with their own statistics; ``partition-id`` then only names it;
+  docs/data.md), normalised with their own statistics; ``partition-id`` then only names it;
 * ``level`` (1..levels), ``memory-bytes``, ``macs-per-sample``: its device budget (default: the
   run's scenario gives it one, as in the simulator);
 * ``data-dir``: where it finds the run's dataset files; ``state-dir``: where it keeps its clients'
