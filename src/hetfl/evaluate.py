@@ -39,9 +39,11 @@ def truncations(states: Mapping[Hashable, Mapping[str, torch.Tensor]],
     """
     def within(a, b) -> bool:
         tensors, outer = states[a], states[b]
-        return (a != b and numbers[a] is not None and numbers[b] is not None
-                and set(numbers[a]) <= set(numbers[b]) and (len(tensors), len(numbers[a])) < (len(outer), len(numbers[b]))
-                and all(k in outer and outer[k].shape == t.shape and torch.equal(outer[k], t) for k, t in tensors.items()))
+        if a == b or numbers[a] is None or numbers[b] is None or not set(numbers[a]) <= set(numbers[b]):
+            return False
+        smaller = (len(tensors), len(numbers[a])) < (len(outer), len(numbers[b]))
+        return smaller and all(k in outer and outer[k].shape == t.shape and torch.equal(outer[k], t)
+                               for k, t in tensors.items())
 
     found = {}
     for a in candidates:

@@ -309,7 +309,8 @@ class Simulation:
                 spec = self.method.plan(client, self.budget(client, round_index), round_index)
                 if spec is not None and len(test):
                     clients.setdefault(spec, []).append(client)
-        states = {spec: extract(self.state.params, self.eval_models.shapes(spec), spec) for spec in {**labels, **clients}}
+        states = {spec: extract(self.state.params, self.eval_models.shapes(spec), spec)
+                  for spec in {**labels, **clients}}
         numbers = {spec: exit_numbers(self.eval_models.module(spec)) for spec in states}
         # a model is scored from another's test logits only where both are scored on the test set
         inside = truncations({s: states[s] for s in labels}, numbers, [s for s in labels if s not in clients])
@@ -322,7 +323,8 @@ class Simulation:
             with self._statistics(model), serving(self.frozen_features):
                 if spec in labels:
                     batches = exit_logits(model, self.x_test, size)
-                    out.update({label: exit_scores(batches, self.y_test, size, numbers[spec]) for label in labels[spec]})
+                    result = exit_scores(batches, self.y_test, size, numbers[spec])
+                    out.update({label: result for label in labels[spec]})
                     for inner, (outer, positions) in inside.items():  # scored from this model's logits, not run again
                         if outer == spec:
                             sub = [[logits[p] for p in positions] for logits in batches]
