@@ -63,6 +63,27 @@ def test_latency_is_a_positive_median_with_a_spread_and_threads_are_restored():
     assert torch.get_num_threads() == threads
 
 
+class Probe(nn.Module):
+    """An identity that records the grad mode, thread count and train flag of every pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen, self.passes = set(), 0
+
+    def forward(self, x):
+        self.seen.add((torch.is_grad_enabled(), torch.get_num_threads(), self.training))
+        self.passes += 1
+        return x
+
+
+def test_latency_is_one_pair_per_module_in_order_timed_without_autograd_on_one_thread():
+    probe, heavy = Probe(), nn.Sequential(nn.Flatten(), nn.Linear(16, 1024), nn.Linear(1024, 1024))
+    timed = latencies_ms([probe, heavy, Probe()], (1, 4, 4), seconds=0.02, min_repeats=50)
+    assert len(timed) == 3 and timed[1][0] > 10 * timed[0][0]  # ~1M MACs against an identity, in the given order
+    assert probe.seen == {(False, 1, False)}  # no autograd, one thread, eval mode
+    assert probe.passes >= 50 + 7  # min_repeats timed, after the warm-up (Timer.timeit(5) and its own 2)
+
+
 def test_costs_command(capsys):
     from hetfl.cli import main
 

@@ -16,8 +16,9 @@ For a model family and a ``SubModel`` spec:
 * ``width_memory``: the training memory of the full-depth backbone at a width ratio, FeDepth's
   budget of that ratio (Sec. 5.1, "Memory budgets").
 * ``latency_ms`` (and its interquartile range ``latency_iqr_ms``): median CPU time of a
-  single-sample forward pass (eval mode, no autograd) on one pinned thread, after a warm-up,
-  measured round-robin with the other sub-models of the same table (``cost_rows``).
+  single-sample forward pass (eval mode, no autograd) on one thread, after a warm-up, timed by
+  ``torch.utils.benchmark.Timer`` in blocks of back-to-back passes, in turns taken round-robin with
+  the other sub-models of the same table (``latencies_ms``, ``cost_rows``).
 
 A client's budget is expressed in these units, and a method fits the largest candidate
 sub-model whose cost is within it (``devices.fit_largest``). Measurements run on the CPU with
@@ -26,10 +27,9 @@ seeded random inputs and are cached per process.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,9 @@ from .models import ModelFamily
 from .models.base import federated_state
 from .models.registry import image_input
 from .slicing import SubModel
+
+if TYPE_CHECKING:
+    from torch.utils.benchmark import Measurement
 
 
 @dataclass(frozen=True)
@@ -79,35 +82,40 @@ def saved_activation_bytes(module: nn.Module, x: torch.Tensor, y: torch.Tensor) 
     return saved.bytes
 
 
+LATENCY_TURNS = 5  # turns each module is timed in, round-robin with the other modules
+
+
 def latencies_ms(modules: list[nn.Module], input_shape: tuple[int, ...], seconds: float = 0.3,
                  min_repeats: int = 30, example=image_input) -> list[tuple[float, float]]:
-    """(median, interquartile range) in ms of a single-sample forward pass of each module (eval mode, no
-    autograd), measured on one pinned thread after a warm-up, round-robin over the modules so that the
-    machine's noise falls on all of them alike; each gets ``min_repeats`` passes and ``seconds`` of time."""
+    """Returns one (median, interquartile range) per module: ms of a single-sample forward pass (eval mode, no
+    autograd) on one thread, after a warm-up, each module timed for ``seconds`` and ``min_repeats`` passes at least.
+
+    ``torch.utils.benchmark.Timer`` times a module in blocks of back-to-back passes (it sizes the blocks so that
+    its own overhead is negligible); median and IQR are over the blocks' per-pass means. A Timer measures one
+    module at a time, so the modules are timed in turns taken round-robin (``LATENCY_TURNS``, more while a module
+    lacks ``min_repeats`` passes), each module's blocks of every turn pooled: the machine's slow phases fall on
+    all of them alike.
+    """
+    from torch.utils.benchmark import Measurement, Timer  # here: importing it costs every hetfl process ~0.2 s
+
     x = example(1, input_shape, torch.Generator().manual_seed(0))
-    times: list[list[float]] = [[] for _ in modules]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a device runs one request on its own; threads add scheduling noise
-    try:
-        with torch.no_grad():
-            for module in modules:
-                module.eval()
-                for _ in range(5):  # warm-up: allocator, oneDNN primitive caches
-                    module(x)
-            spent = 0.0
-            while min(len(t) for t in times) < min_repeats or spent < seconds * len(modules):
-                for module, log in zip(modules, times):
-                    start = time.perf_counter()
-                    module(x)
-                    log.append((time.perf_counter() - start) * 1e3)
-                    spent += log[-1] / 1e3
-    finally:
-        torch.set_num_threads(threads)
-    out = []
-    for log in times:
-        q1, median, q3 = statistics.quantiles(log, n=4)
-        out.append((median, q3 - q1))
-    return out
+    # one thread: a device runs one request on its own, and threads add scheduling noise (Timer restores the count)
+    timers = [Timer("module(x)", globals={"module": module.eval(), "x": x}, num_threads=1, description=f"module {i}")
+              for i, module in enumerate(modules)]
+    turns: list[list[Measurement]] = [[] for _ in modules]
+    with torch.no_grad():  # grad mode is per thread, and a Timer runs its statement in this one
+        for timer in timers:
+            timer.timeit(5)  # warm-up, discarded: allocator, oneDNN primitive caches
+        while any(len(done) < LATENCY_TURNS or _passes(done) < min_repeats for done in turns):
+            for timer, done in zip(timers, turns):
+                done.append(timer.blocked_autorange(min_run_time=seconds / LATENCY_TURNS))
+    pooled = [Measurement.merge(done)[0] for done in turns]  # one module at a time: merge groups by statement
+    return [(m.median * 1e3, m.iqr * 1e3) for m in pooled]
+
+
+def _passes(measurements: list[Measurement]) -> int:
+    """Returns how many forward passes ``measurements`` timed in all."""
+    return sum(m.number_per_run * len(m.raw_times) for m in measurements)
 
 
 def build(family: ModelFamily, spec: SubModel) -> nn.Module:

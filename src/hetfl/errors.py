@@ -1,4 +1,15 @@
-"""User-facing errors: a bad config, argument or file. The CLI prints the message on one line and exits 2."""
+"""User-facing errors and warnings: a bad config, argument or file. The CLI prints an error's message on one line
+and exits 2; a warning (``warn``) goes to stderr through the "hetfl" logger and the run goes on.
+
+Warnings are about a run's input and conditions, so they are log records, not Python ``warnings`` (which are for
+API deprecations, and hetfl deprecates none): silence them with
+``logging.getLogger("hetfl").setLevel(logging.ERROR)``.
+"""
+
+import logging
+import sys
+
+LOGGER = "hetfl"  # the one logger of hetfl's warnings
 
 
 class HetflError(Exception):
@@ -11,10 +22,50 @@ class HetflError(Exception):
 
 
 def warn(message: str) -> None:
-    """Returns None; prints ``message`` on one line to stderr as a hetfl warning (the run goes on)."""
-    import sys
+    """Returns None; logs ``message`` as a hetfl warning: "hetfl: warning: <message on one line>" on stderr."""
+    logging.getLogger(LOGGER).warning("%s", message)
 
-    print(f"hetfl: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+
+class _CurrentStderr(logging.StreamHandler):
+    """A handler writing to ``sys.stderr`` as it is at emit time, not when the handler was made: pytest's
+    capsys/capfd and ``contextlib.redirect_stderr`` swap it."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        """Returns the current ``sys.stderr``."""
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _):  # StreamHandler assigns its stream; ours is always the current one
+        pass
+
+
+class _OneLine(logging.Formatter):
+    """hetfl's format of a record: "hetfl: <level>: <message on one line>"."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Returns the record as one line, e.g. "hetfl: warning: ..."."""
+        return f"hetfl: {record.levelname.lower()}: {' '.join(record.getMessage().split())}"
+
+
+def _install() -> logging.Logger:
+    """Returns the "hetfl" logger, with its stderr handler added unless it has it (a reloaded module adds none)."""
+    log = logging.getLogger(LOGGER)
+    if not any(getattr(h, "hetfl_stderr", False) for h in log.handlers):
+        handler = _CurrentStderr()
+        handler.hetfl_stderr = True
+        handler.setFormatter(_OneLine())
+        log.addHandler(handler)
+        log.propagate = False  # the root logger's handlers would print each warning a second time
+        if log.level == logging.NOTSET:  # shown whatever the root's level, unless the user set hetfl's
+            log.setLevel(logging.WARNING)
+    return log
+
+
+_install()  # at import, under the import lock: once per process
 
 
 def read_text_file(path, what: str) -> str:
