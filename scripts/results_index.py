@@ -15,6 +15,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from hetfl.report import late_gain
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 VERDICTS = ("held", "held, n.s.", "did not hold", "did not hold, n.s.", "undecided")
@@ -42,20 +44,13 @@ def claims(table: str) -> Counter:
     return Counter(verdict_kind(row.split("|")[2]) for row in rows)
 
 
-def late_gain(summary: dict) -> float | None:
-    """Accuracy gained over the last third of a run's rounds (report.late_gain's rule), None without a curve."""
-    curve, rounds = summary.get("curve") or [], summary.get("rounds") or 0
-    early = [a for t, a in curve if t <= 2 * rounds / 3]
-    return curve[-1][1] - early[-1] if early and curve else None
-
-
 def entry(folder: Path) -> dict:
     """What the index says of one results folder."""
     table = (folder / "table.md").read_text(encoding="utf-8")
     title = table.splitlines()[0].lstrip("# ").strip()
     summaries = json.loads((folder / "summaries.json").read_text()) if (folder / "summaries.json").is_file() else {}
     runs = [s for label in summaries.values() for s in label]
-    gains = [g for g in map(late_gain, runs) if g is not None]
+    gains = [g for s in runs if (g := late_gain(s.get("curve") or [], s.get("rounds") or 0)) is not None]
     return {"preset": folder.name, "title": title, "runs": len(runs),
             "seeds": sorted({s.get("seed") for s in runs if s.get("seed") is not None}),
             "late_gain": max(gains) if gains else None, "claims": claims(table),
