@@ -6,8 +6,9 @@
 #   there:  scripts/gpu_lease.sh run SECONDS WORKERS PRESET... [-- MORE SUITE FLAGS, e.g. --seeds 0 --rounds 150]
 #           hetfl from this checkout's src/ (the machine's image holds torch, numpy, tqdm and matplotlib), data from
 #           .lease/, `hetfl bench suite` on cuda within SECONDS with WORKERS processes; then each preset's
-#           finished-runs.json goes to $OUT as PRESET.finished-runs.json, with the suite's log (at most 8 files
-#           come back from a call: up to 7 presets per call)
+#           finished runs go to $OUT as PRESET.finished-runs.json, with the suite's log and curves.tgz (every
+#           run's metrics, finished or not, for scripts/plateau.py); at most 8 files come back from a call: up to
+#           6 presets per call
 #   here:   scripts/gpu_lease.sh collect FOLDER [-- THE SAME SUITE FLAGS]
 #           puts each FOLDER/PRESET.finished-runs.json into results/PRESET/ (merged with what is there) and writes
 #           the interim tables: hetfl bench PRESET --report-only --reuse-saved
@@ -38,11 +39,25 @@ run)
     python3 -m hetfl bench suite "${presets[@]}" --device "${DEVICE:-cuda}" --workers "$workers" \
         --time-budget "$budget" --out /tmp/lease-results --runs-dir /tmp/lease-runs --quiet "$@" \
         2>&1 | tee "$out/suite.log" || true
+    # a preset whose runs all finished has moved them from finished-runs.json into summaries.json: take both
     for p in "${presets[@]}"; do
         name=$(basename "$p" .toml)
-        f=/tmp/lease-results/$name/finished-runs.json
-        [ -f "$f" ] && cp "$f" "$out/$name.finished-runs.json"
+        python3 - "/tmp/lease-results/$name" "$out/$name.finished-runs.json" <<'EOF'
+import json, os, sys
+folder, target = sys.argv[1], sys.argv[2]
+runs = {}
+if os.path.exists(f"{folder}/summaries.json"):
+    for summaries in json.load(open(f"{folder}/summaries.json")).values():
+        runs.update({os.path.basename(s["run_dir"]): s for s in summaries if s.get("run_dir")})
+if os.path.exists(f"{folder}/finished-runs.json"):
+    runs.update(json.load(open(f"{folder}/finished-runs.json")))
+if runs:
+    json.dump(runs, open(target, "w"), indent=1)
+EOF
     done
+    # every run's curve, finished or cut short by the budget (scripts/plateau.py reads them)
+    [ -d /tmp/lease-runs ] && (cd /tmp/lease-runs && find . \( -name metrics.jsonl -o -name config.json -o -name summary.json \) |
+        tar czf "$out/curves.tgz" -T -)
     ls -l "$out"
     ;;
 collect)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from hetfl.errors import HetflError
-from hetfl.executors.batched import BatchedExecutor
+from hetfl.executors.batched import BatchedExecutor, stack
 from hetfl.sim import Simulation
 from hetfl.task import TrainOptions
 from hetfl.trainers.step import sgd_update
@@ -181,3 +181,12 @@ def test_the_pure_step_by_hand():
     (w2,), (m2,) = sgd_update([w1], [g], [m1], opts, 0.1, [a], [h])
     d2 = 2.0 + 0.4 * (w1.item() - 0.5) - 0.25 + 0.1 * w1.item()
     assert m2.item() == pytest.approx(0.5 * d + d2) and w2.item() == pytest.approx(w1.item() - 0.1 * (0.5 * d + d2))
+
+
+def test_stacked_weights_are_in_the_default_layout():
+    """Channels-last weights stack into a plain contiguous tensor, the same values: vmap's convolutions then give
+    plain activations, which CUDA's batch norm can copy inside vmap (it refuses a channels-last copy there)."""
+    weights = [torch.randn(8, 3, 3, 3).to(memory_format=torch.channels_last) for _ in range(2)]
+    stacked = stack([{"w": w} for w in weights])["w"]
+    assert stacked.is_contiguous()
+    assert all(torch.equal(stacked[i], w) for i, w in enumerate(weights))

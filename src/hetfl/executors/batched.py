@@ -118,6 +118,8 @@ class BatchedExecutor(Executor):
         clients, task = self.clients, jobs[0].task
         models = clients.models
         module = trainer.module(task, jobs[0].local, models)  # frozen tensors are the module's, equal for all
+        if clients.x.is_cuda:  # frozen convolutions too: see stack()
+            module.to(memory_format=torch.contiguous_format)
         owns = [clients.own(job.client) for job in jobs]
         starts = [trainer.start(module, job.local, job.task, own) for job, own in zip(jobs, owns)]
         sizes = [len(clients.parts[job.client]) for job in jobs]
@@ -207,5 +209,7 @@ def group_key(job: Job) -> tuple:
 
 
 def stack(dicts: list[Tensors]) -> Tensors:
-    """The tensors of ``dicts`` stacked name by name along a new leading dimension."""
-    return {n: torch.stack([d[n] for d in dicts]) for n in dicts[0]}
+    """The tensors of ``dicts`` stacked name by name along a new leading dimension, in the default layout: a
+    channels-last weight would make vmap's convolutions give channels-last activations, whose copy CUDA's
+    batch norm cannot batch ("Tensor.clone(memory_format) inside vmap ... (got ChannelsLast)")."""
+    return {n: torch.stack([d[n] for d in dicts]).contiguous() for n in dicts[0]}
