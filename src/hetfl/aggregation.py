@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .slicing import ROOT, State, SubModel, corner
+from .slicing import ROOT, State, SubModel, add_at, window
 
 
 class MaskedMean:
-    """Running element-wise weighted mean of local tensors placed at the leading corner of global ones."""
+    """Running element-wise weighted mean of local tensors placed at their window of global ones (``slicing.window``:
+    the leading corner unless the spec rolls it)."""
 
     def __init__(self, global_state: State):
         self._ref = global_state
@@ -28,12 +29,13 @@ class MaskedMean:
         """Fold one client's tensors (local shape) with ``weight`` into the sums of their global names."""
         for name, tensor in local_state.items():
             key = spec.global_name(name)
+            ref = self._ref[key]
             if key not in self.sums:
-                self.sums[key] = torch.zeros_like(self._ref[key])
-                self.weights[key] = torch.zeros_like(self._ref[key])
-            idx = corner(tensor.shape)
-            self.sums[key][idx].add_(tensor, alpha=weight)
-            self.weights[key][idx].add_(weight)
+                self.sums[key] = torch.zeros_like(ref)
+                self.weights[key] = torch.zeros_like(ref)
+            idx = window(ref.shape, tensor.shape, spec.offset, ref.device)
+            add_at(self.sums[key], idx, tensor, alpha=weight)
+            add_at(self.weights[key], idx, weight)
         self.num_updates += 1
 
     def mean(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

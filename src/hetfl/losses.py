@@ -56,6 +56,22 @@ def weighted_exits_with_last_teacher(logits: list[torch.Tensor], target: torch.T
     return total / (n * (n + 1) / 2 if normaliser == "sum" else n)
 
 
+def distilled_ce(student: torch.Tensor, teacher: torch.Tensor, target: torch.Tensor, alpha: float,
+                 tau: float) -> torch.Tensor:
+    """FjORD's self-distillation loss of a sampled width p: (1 - alpha) CE(z_p, y) + alpha tau^2 KL(q_pmax^tau ||
+    q_p^tau), the teacher (the client's widest width p_max) detached; the KL averaged over the batch.
+
+    The paper weighs CE against the KL of the softened outputs at temperature tau; the tau^2 factor (Hinton et al.,
+    2015) keeps the KL's gradient on the CE's scale and is 1 at the authors' tau = 1. At alpha = tau = 1 the
+    gradient is that of the authors' Flower baseline, which takes the CE of z_p against softmax(z_pmax) (equal to
+    the KL up to the teacher's entropy, a constant).
+    """
+    log_teacher = F.log_softmax(teacher.detach() / tau, dim=1)
+    kl = F.kl_div(F.log_softmax(student / tau, dim=1), log_teacher, reduction="batchmean", log_target=True)
+    kd = alpha * tau**2 * kl
+    return kd + (1 - alpha) * F.cross_entropy(student, target) if alpha < 1 else kd
+
+
 def deep_mutual_learning(logits: list[torch.Tensor], target: torch.Tensor) -> torch.Tensor:
     """sum_m [CE_m + 1/(M-1) sum_{m' != m} KL(p_m' || p_m)] over M models' logits, teachers detached (T = 1).
 

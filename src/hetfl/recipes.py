@@ -54,9 +54,28 @@ class BestExit:
     ema: float = 0.2
 
 
-Recipe = ExitsCE | LastTeacher | Slimmable | BestExit
-RECIPES: dict[str, type] = {r.kind: r for r in (ExitsCE, LastTeacher, Slimmable, BestExit)}
+@dataclass(frozen=True)
+class OrderedDropout:
+    """FjORD (Horvath et al., 2021): each step trains ONE width, drawn up front uniformly from ``smaller`` and the
+    client's own (``Step.variant``: an index into ``smaller``, or ``len(smaller)`` for the own width), on the
+    leading slices of the own width's parameters. With ``kd``, the own width also takes its CE and teaches the drawn
+    one: (1 - ``alpha``) CE + ``alpha`` ``tau``^2 KL (``losses.distilled_ce``)."""
+
+    kind: ClassVar[str] = "ordered_dropout"
+    smaller: tuple[SubModel, ...] = ()
+    kd: bool = False
+    alpha: float = 1.0
+    tau: float = 1.0
+
+
+Recipe = ExitsCE | LastTeacher | Slimmable | BestExit | OrderedDropout
+RECIPES: dict[str, type] = {r.kind: r for r in (ExitsCE, LastTeacher, Slimmable, BestExit, OrderedDropout)}
 LOSS_KINDS = tuple(RECIPES)
+
+
+def step_variants(recipe: Recipe) -> int:
+    """How many sub-networks a step of ``recipe`` chooses among (``Step.variant``): 1, except FjORD's widths."""
+    return len(recipe.smaller) + 1 if isinstance(recipe, OrderedDropout) else 1
 
 
 def recipe_to_dict(recipe: Recipe) -> dict:
@@ -70,6 +89,6 @@ def recipe_from_dict(d: dict) -> Recipe:
     kind = d.pop("kind", None)
     if kind not in RECIPES:
         raise ValueError(f"loss kind '{kind}' is unknown; one of {', '.join(LOSS_KINDS)}")
-    if kind == "slimmable":
+    if kind in ("slimmable", "ordered_dropout"):
         d["smaller"] = tuple(SubModel.from_dict(s) for s in d.get("smaller", ()))
     return RECIPES[kind](**d)

@@ -12,8 +12,10 @@ in their last batch. Step s stacks, per batch size, the clients whose schedule h
 that size (a *bucket*): with equal sample counts every step is one bucket of the whole group; with
 a skewed partition the full batches still train together and the short last batches in buckets of
 their own, while clients whose schedule has ended sit the step out (FedJAX's masked steps; no
-sample is ever padded, as BatchNorm uses batch statistics). A bucket smaller than the group reads
-and writes its members' rows of the stacked tensors.
+sample is ever padded, as BatchNorm uses batch statistics). Where the recipe trains one of several
+sub-networks per step (FjORD's sampled width, ``Step.variant``), a bucket also shares the variant:
+clients that drew different widths at step s take it in buckets of their own. A bucket smaller than
+the group reads and writes its members' rows of the stacked tensors.
 
 Each client's batches and augmentation are drawn up front from its own generator, exactly as when
 it trains alone; the whole group's sample positions, bucket members and draws are moved to the
@@ -43,7 +45,7 @@ from .. import augment
 from ..errors import warn
 from ..models.frozen_features import is_serving
 from ..trainers import TRAINERS
-from ..trainers.objectives import objective_for
+from ..trainers.objectives import step_objectives
 from ..trainers.schedule import Step
 from ..trainers.sgd import SGDTrainer, client_step
 from . import Executor, Job, LocalClients, Reply
@@ -54,13 +56,15 @@ Tensors = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class Bucket:
-    """The clients of a group that take step ``step`` with batches of one size: their rows in the group's stacks,
-    their samples' dataset indices (members, batch) and their augmentation draws (None: no augmentation)."""
+    """The clients of a group that take step ``step`` with batches of one size and one ``variant`` (the sub-network
+    the step trains): their rows in the group's stacks, their samples' dataset indices (members, batch) and their
+    augmentation draws (None: no augmentation)."""
 
     step: int
     members: torch.Tensor
     indices: torch.Tensor
     draws: augment.Draws | None
+    variant: int = 0
 
 
 class BatchedExecutor(Executor):
@@ -127,7 +131,7 @@ class BatchedExecutor(Executor):
         params = stack([s.params for s in starts])
         anchor = stack([s.anchor for s in starts]) if starts[0].anchor is not None else None
         linear = stack([s.linear for s in starts]) if starts[0].linear is not None else None
-        step = client_step(module, objective_for(task.loss, models), task.train, task.lr)
+        steps = [client_step(module, o, task.train, task.lr) for o in step_objectives(task.loss, models)]
         out_dims = (0, 0 if task.train.momentum else None, 0, 0)
         momenta: Tensors | None = None
         carry: torch.Tensor | None = None
@@ -142,7 +146,8 @@ class BatchedExecutor(Executor):
             inputs = (rows(params), rows(momenta) if bucket.step else None,
                       None if carry is None or not bucket.step else carry if whole else carry[bucket.members],
                       x, clients.y[bucket.indices], rows(anchor), rows(linear))
-            stepped = vmap(step, in_dims=tuple(None if v is None else 0 for v in inputs), out_dims=out_dims)
+            stepped = vmap(steps[bucket.variant], in_dims=tuple(None if v is None else 0 for v in inputs),
+                           out_dims=out_dims)
             new_params, new_momenta, new_carry, loss = stepped(*inputs)
             if whole:
                 params, momenta, carry = new_params, new_momenta, new_carry
@@ -163,8 +168,8 @@ class BatchedExecutor(Executor):
         return replies
 
     def buckets(self, jobs: list[Job], schedules: list[list[Step]]) -> list[Bucket]:
-        """Every step's buckets, in step order: the clients with a step of that batch size, their samples' dataset
-        indices and draws, built on the host and moved to the device in one copy each."""
+        """Every step's buckets, in step order: the clients with a step of that batch size and variant, their
+        samples' dataset indices and draws, built on the host and moved to the device in one copy each."""
         device = self.clients.x.device
         parts = [self.clients.parts[job.client] for job in jobs]
         first = [0]
@@ -172,26 +177,26 @@ class BatchedExecutor(Executor):
             first.append(first[-1] + len(part))
         plan, rows, members, offsets, flips = [], [], [], [], []
         for s in range(max(len(schedule) for schedule in schedules)):
-            by_size: dict[int, list[int]] = {}
+            by_kind: dict[tuple[int, int], list[int]] = {}
             for g, schedule in enumerate(schedules):
                 if s < len(schedule):
-                    by_size.setdefault(len(schedule[s].batch), []).append(g)
-            for size, who in by_size.items():
-                plan.append((s, len(who), size))
+                    by_kind.setdefault((len(schedule[s].batch), schedule[s].variant), []).append(g)
+            for (size, variant), who in by_kind.items():
+                plan.append((s, len(who), size, variant))
                 members.append(torch.tensor(who))
                 for g in who:
                     draws = schedules[g][s].draws
                     rows.append(schedules[g][s].batch + first[g])
                     offsets += [] if draws.offsets is None else [draws.offsets]
                     flips += [] if draws.flips is None else [draws.flips]
-        indices = torch.cat(parts)[torch.cat(rows).to(device)].split([n * b for _, n, b in plan])
-        members = torch.cat(members).to(device).split([n for _, n, _ in plan])
-        counts = [n * b for _, n, b in plan]
+        indices = torch.cat(parts)[torch.cat(rows).to(device)].split([n * b for _, n, b, _ in plan])
+        members = torch.cat(members).to(device).split([n for _, n, _, _ in plan])
+        counts = [n * b for _, n, b, _ in plan]
         offsets = torch.cat(offsets, 1).to(device).split(counts, 1) if offsets else [None] * len(plan)
         flips = torch.cat(flips).to(device).split(counts) if flips else [None] * len(plan)
         padding = jobs[0].task.train.crop_padding
-        return [Bucket(s, m, idx.view(n, b), augment.Draws(o, f, padding) if o is not None or f is not None else None)
-                for (s, n, b), m, idx, o, f in zip(plan, members, indices, offsets, flips)]
+        return [Bucket(s, m, idx.view(n, b), augment.Draws(o, f, padding) if o is not None or f is not None else None,
+                       v) for (s, n, b, v), m, idx, o, f in zip(plan, members, indices, offsets, flips)]
 
 
 def put_rows(stacked: torch.Tensor | None, rows: torch.Tensor, members: torch.Tensor, size: int) -> torch.Tensor:

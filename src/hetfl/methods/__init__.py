@@ -18,6 +18,8 @@ from .decoupled import Decoupled
 from .depthfl import DepthFL, DepthFLFedAvg
 from .exclusivefl import ExclusiveFL
 from .fedepth import FeDepth, MFeDepth
+from .fedrolex import FedRolex
+from .fjord import FjORD
 from .heterofl import HeteroFL, SHeteroFL
 from .inclusivefl import InclusiveFL, InclusiveFLWithoutMD
 from .reefl import ReeFL, ReeFLWithoutKD
@@ -25,8 +27,8 @@ from .scalefl import ScaleFL
 from .splitmix import SplitMix
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (AllLarge, AllSmall, ExclusiveFL, Decoupled, DepthFL, DepthFLFedAvg, InclusiveFL,
-                                                InclusiveFLWithoutMD, HeteroFL, SHeteroFL, ScaleFL, FeDepth, MFeDepth,
-                                                SplitMix, ReeFL, ReeFLWithoutKD)}
+                                                InclusiveFLWithoutMD, HeteroFL, SHeteroFL, FjORD, FedRolex, ScaleFL,
+                                                FeDepth, MFeDepth, SplitMix, ReeFL, ReeFLWithoutKD)}
 
 
 def method_class(name: str) -> type[Method]:

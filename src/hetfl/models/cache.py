@@ -61,6 +61,7 @@ class ModelCache:
         self._shapes: dict[tuple, dict[str, torch.Size]] = {}
 
     def _key(self, spec: SubModel) -> tuple:
+        """What the architecture depends on: not the name group, nor the window (``offset``) the tensors come from."""
         return (spec.depth, spec.width, spec.exits, spec.bases)
 
     def module(self, spec: SubModel) -> nn.Module:

@@ -1,6 +1,7 @@
 """A client's data and its step schedule: every random number of its local training, drawn up front.
 
-The schedule (batch order, crop offsets, flips) comes from the client's generator, seeded by
+The schedule (batch order, crop offsets, flips; then, for a recipe that trains one of several
+sub-networks per step, each step's variant) comes from the client's generator, seeded by
 (seed, "train", round, client), in the order the loop used to draw it (each epoch's shuffle, then
 each batch's augmentation), so the same client gets the same batches whichever executor trains it
 and whether it is trained alone or stacked with others.
@@ -30,10 +31,12 @@ class ClientData:
 
 @dataclass(frozen=True)
 class Step:
-    """One local step: positions in the client's data (not dataset indices) and the batch's augmentation draws."""
+    """One local step: positions in the client's data (not dataset indices), the batch's augmentation draws, and
+    which of its recipe's sub-networks the step trains (``recipes.step_variants``; 0 for most recipes)."""
 
     batch: torch.Tensor
     draws: augment.Draws
+    variant: int = 0
 
 
 def batches(num_samples: int, batch_size: int, generator: torch.Generator, within: bool = False) -> list[torch.Tensor]:
@@ -61,6 +64,15 @@ def draw_schedule(num_samples: int, opts: TrainOptions, generator: torch.Generat
     return steps
 
 
+def draw_variants(schedule: list[Step], variants: int, generator: torch.Generator) -> list[Step]:
+    """``schedule`` with each step's variant drawn uniformly from range(``variants``), after every batch (so the
+    batches are those of a recipe without variants); unchanged, and nothing drawn, for one variant."""
+    if variants == 1:
+        return schedule
+    drawn = torch.randint(variants, (len(schedule),), generator=generator).tolist()
+    return [Step(step.batch, step.draws, v) for step, v in zip(schedule, drawn)]
+
+
 def on_device(schedule: list[Step], device: torch.device) -> list[Step]:
     """``schedule`` with its positions and draws on ``device``, each kind moved in one copy (a copy per step would
     make an accelerator wait for the host at every step)."""
@@ -73,7 +85,8 @@ def on_device(schedule: list[Step], device: torch.device) -> list[Step]:
         if first.offsets is not None else [None] * len(schedule)
     flips = torch.cat([step.draws.flips for step in schedule]).to(device).split(sizes) \
         if first.flips is not None else [None] * len(schedule)
-    return [Step(b, augment.Draws(o, f, first.padding)) for b, o, f in zip(batches, offsets, flips)]
+    return [Step(b, augment.Draws(o, f, first.padding), step.variant)
+            for b, o, f, step in zip(batches, offsets, flips, schedule)]
 
 
 def step_inputs(data: ClientData, step: Step) -> tuple[torch.Tensor, torch.Tensor]:

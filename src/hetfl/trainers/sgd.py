@@ -17,12 +17,13 @@ from torch import nn
 from torch.func import functional_call, grad_and_value
 
 from ..models.cache import ModelCache
+from ..recipes import step_variants
 from ..seeding import torch_generator
-from ..slicing import State, corner
+from ..slicing import State, window
 from ..task import Task, TrainOptions
 from ..updates import Update
-from .objectives import Objective, objective_for
-from .schedule import ClientData, Step, draw_schedule, on_device, step_inputs
+from .objectives import Objective, step_objectives
+from .schedule import ClientData, Step, draw_schedule, draw_variants, on_device, step_inputs
 from .step import sgd_update
 
 Tensors = dict[str, torch.Tensor]
@@ -52,15 +53,16 @@ def client_step(module: nn.Module, objective: Objective, opts: TrainOptions, lr:
     return step
 
 
-def train_steps(step: StepFn, params: Tensors, data: ClientData, schedule: list[Step], anchor: Tensors | None,
+def train_steps(steps: list[StepFn], params: Tensors, data: ClientData, schedule: list[Step], anchor: Tensors | None,
                 linear: Tensors | None) -> tuple[Tensors, float]:
-    """(final parameters, mean training loss per step) of one client after ``schedule``."""
+    """(final parameters, mean training loss per step) of one client after ``schedule``; ``steps``: the step
+    function of every variant a step may train (``Step.variant``)."""
     momenta = carry = None
     total = next(iter(params.values())).new_zeros(())
     layout = {n: t.stride() for n, t in params.items()}
     for s in schedule:
         x, y = step_inputs(data, s)
-        params, momenta, carry, loss = step(params, momenta, carry, x, y, anchor, linear)
+        params, momenta, carry, loss = steps[s.variant](params, momenta, carry, x, y, anchor, linear)
         params = {n: _with_strides(t, layout[n]) for n, t in params.items()}
         total += loss
     return params, float(total) / max(len(schedule), 1)  # one synchronisation per client
@@ -101,12 +103,15 @@ class SGDTrainer:
         anchor = params if opts.prox_mu or opts.feddyn_alpha else None
         linear = None
         if opts.feddyn_alpha:
-            linear = {n: _corner_of(client_state or {}, task.spec.global_name(n), t) for n, t in params.items()}
+            linear = {n: _window_of(client_state or {}, task.spec.global_name(n), t, task.spec.offset)
+                      for n, t in params.items()}
         return Start(params, anchor, linear)
 
     def schedule(self, task: Task, num_samples: int) -> list[Step]:
-        """The client's steps this round, drawn from its generator (seed, "train", round, client)."""
-        return draw_schedule(num_samples, task.train, torch_generator(task.seed, "train", task.round, task.client))
+        """The client's steps this round, drawn from its generator (seed, "train", round, client): batches and
+        augmentation, then each step's variant where the recipe draws one (FjORD's width)."""
+        generator = torch_generator(task.seed, "train", task.round, task.client)
+        return draw_variants(draw_schedule(num_samples, task.train, generator), step_variants(task.loss), generator)
 
     def finish(self, task: Task, local: State, start: Start, params: Tensors, loss: float, num_samples: int,
                client_state: State | None, models: ModelCache) -> tuple[Update, State | None]:
@@ -121,9 +126,9 @@ class SGDTrainer:
         """Train ``local`` as ``task`` says on ``data``; returns the update and the client's new own state."""
         module = self.module(task, local, models)
         start = self.start(module, local, task, client_state)
-        step = client_step(module, objective_for(task.loss, models), task.train, task.lr)
+        steps = [client_step(module, o, task.train, task.lr) for o in step_objectives(task.loss, models)]
         schedule = on_device(self.schedule(task, len(data)), data.x.device)
-        params, loss = train_steps(step, start.params, data, schedule, start.anchor, start.linear)
+        params, loss = train_steps(steps, start.params, data, schedule, start.anchor, start.linear)
         return self.finish(task, local, start, params, loss, len(data), client_state, models)
 
 
@@ -135,13 +140,15 @@ def _feddyn_client_step(client_state: State, task: Task, start: Start, end: Tens
         key = task.spec.global_name(name)
         full = new_state.get(key)
         full = torch.zeros(task.state_shapes[key], device=g.device) if full is None else full.clone()
-        full[corner(g.shape)] = g - alpha * (end[name] - start.params[name])
+        full[window(full.shape, g.shape, task.spec.offset, full.device)] = g - alpha * (end[name] - start.params[name])
         new_state[key] = full
     return new_state
 
 
-def _corner_of(state: State, key: str, like: torch.Tensor) -> torch.Tensor:
-    """The leading corner of ``state[key]`` shaped like ``like``; zeros when the client has none yet."""
+def _window_of(state: State, key: str, like: torch.Tensor, offset: int) -> torch.Tensor:
+    """The window at ``offset`` of ``state[key]`` shaped like ``like`` (``slicing.window``); zeros when the client has
+    none yet."""
     if key not in state:
         return torch.zeros_like(like)
-    return state[key][corner(like.shape)].to(like.device)
+    full = state[key]
+    return full[window(full.shape, like.shape, offset, full.device)].to(like.device)
