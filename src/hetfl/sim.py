@@ -29,6 +29,7 @@ from .checkpoint import ClientStateStore, checked_payload, load_checkpoint, save
 from .aggregation import ServerState
 from .config import Config
 from .data import load_dataset, partition, split_train_test
+from .data.server import server_data
 from .devices import Budget, Scenario
 from .errors import HetflError, warn
 from .evaluate import exit_logits, exit_numbers, exit_scores, static_batchnorm, truncations
@@ -36,7 +37,7 @@ from .executors import Executor, Job, LocalClients
 from .executors.batched import BatchedExecutor
 from .executors.faults import FaultInjection
 from .executors.sequential import SequentialExecutor
-from .methods import build_method, load_config
+from .methods import build_method, load_config, method_class
 from .models.cache import ModelCache
 from .models.frozen_features import features_of, serving
 from .models.registry import token_input
@@ -98,8 +99,14 @@ class Simulation:
         self.cfg = cfg.validate()
         self.device = resolve_device(cfg.device)
         dataset = load_dataset(cfg.dataset, cfg.data_dir or None, cfg.max_length)
-        parts = partition(dataset.y_train, cfg.num_clients, cfg.partition, alpha=cfg.alpha,
-                          classes_per_client=cfg.classes_per_client, min_size=cfg.min_client_size, seed=cfg.seed)
+        wanted = method_class(cfg.method).server_data_wanted(cfg)  # FedDF's distillation set, before the partition
+        server = server_data(*wanted, dataset, cfg.seed, cfg.data_dir or None, cfg.max_length) if wanted else None
+        held = server.client_indices if server else None  # a holdout no client may hold
+        parts = partition(dataset.y_train if held is None else dataset.y_train[held], cfg.num_clients, cfg.partition,
+                          alpha=cfg.alpha, classes_per_client=cfg.classes_per_client, min_size=cfg.min_client_size,
+                          seed=cfg.seed)
+        if held is not None:
+            parts = [held[p] for p in parts]
         self.client_test_parts = None
         if cfg.client_test_fraction > 0:
             parts, test_parts = split_train_test(parts, cfg.client_test_fraction, cfg.seed)
@@ -108,6 +115,8 @@ class Simulation:
         self.method = build_method(cfg, dataset.input_shape, dataset.num_classes, self.device, who=self._who)
         if self.method.level_budgets is not None:  # devices carry physical budgets; methods fit into them
             self.scenario.use_budgets(self.method.level_budgets)
+        if server is not None:
+            self.method.receive_server_data(server.x.to(self.device))
         self.eval_models = ModelCache(self.method.family, self.device)  # no training-only hooks (Scaler)
         self.dataset = dataset
         self.x_train, self.y_train = dataset.x_train.to(self.device), dataset.y_train.to(self.device)

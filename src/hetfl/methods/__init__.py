@@ -18,6 +18,7 @@ from .decoupled import Decoupled
 from .depthfl import DepthFL, DepthFLFedAvg
 from .exclusivefl import ExclusiveFL
 from .fedepth import FeDepth, MFeDepth
+from .feddf import FedDF
 from .fedrolex import FedRolex
 from .fjord import FjORD
 from .heterofl import HeteroFL, SHeteroFL
@@ -26,9 +27,9 @@ from .reefl import ReeFL, ReeFLWithoutKD
 from .scalefl import ScaleFL
 from .splitmix import SplitMix
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (AllLarge, AllSmall, ExclusiveFL, Decoupled, DepthFL, DepthFLFedAvg, InclusiveFL,
-                                                InclusiveFLWithoutMD, HeteroFL, SHeteroFL, FjORD, FedRolex, ScaleFL,
-                                                FeDepth, MFeDepth, SplitMix, ReeFL, ReeFLWithoutKD)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (
+    AllLarge, AllSmall, ExclusiveFL, Decoupled, DepthFL, DepthFLFedAvg, InclusiveFL, InclusiveFLWithoutMD, HeteroFL,
+    SHeteroFL, FjORD, FedRolex, FedDF, ScaleFL, FeDepth, MFeDepth, SplitMix, ReeFL, ReeFLWithoutKD)}
 
 
 def method_class(name: str) -> type[Method]:

@@ -206,6 +206,15 @@ class Method:
         return self.spec(self.family.arch.num_blocks)
 
     # ---- server side ----------------------------------------------------------------------
+    @classmethod
+    def server_data_wanted(cls, cfg) -> tuple[str, int] | None:
+        """The unlabeled data the server keeps (``data.server``): (source, size), or None (most methods)."""
+        return None
+
+    def receive_server_data(self, x: torch.Tensor) -> None:
+        """Take the server's unlabeled inputs (a method whose ``server_data_wanted`` names some)."""
+        raise NotImplementedError(f"method '{self.name}' keeps no server data")
+
     def federation_size(self) -> int:
         """N of FedDyn's server update: the clients that can ever take part (all of them by default)."""
         return self.cfg.num_clients
