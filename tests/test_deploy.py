@@ -47,12 +47,15 @@ def test_own_states_are_kept_per_round_and_forgotten_when_no_resume_needs_them(t
         states.load(1)
 
 
-def test_a_node_trains_on_the_simulators_partition_cut_once(tiny_cfg, tmp_path):
-    sim = Simulation(tiny_cfg(partition="dirichlet", client_test_fraction=0.2))
+@pytest.mark.parametrize("method", [{}, {"method": "feddf", "distill_size": 300}])  # FedDF: a holdout no client holds
+def test_a_node_trains_on_the_simulators_partition_cut_once(tiny_cfg, tmp_path, method):
+    sim = Simulation(tiny_cfg(partition="dirichlet", client_test_fraction=0.2, **method))
     cfg = sim.cfg
     data = {"dataset": cfg.dataset, "num_clients": cfg.num_clients, "partition": cfg.partition, "alpha": cfg.alpha,
             "classes_per_client": cfg.classes_per_client, "min_client_size": cfg.min_client_size,
-            "client_test_fraction": cfg.client_test_fraction, "seed": cfg.seed}
+            "client_test_fraction": cfg.client_test_fraction, "seed": cfg.seed,
+            **({"holdout": sim.holdout} if sim.holdout else {})}
+    assert sim.holdout == method.get("distill_size", 0)
     node = NodeIdentity.from_config({"partition-id": 7, "num-partitions": 20, "state-dir": str(tmp_path)})
     for _ in range(2):  # the second time from the node's cache
         got = client_data(node, 7, data)

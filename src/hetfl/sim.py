@@ -28,7 +28,8 @@ from tqdm import tqdm
 from .checkpoint import ClientStateStore, checked_payload, load_checkpoint, save_checkpoint
 from .aggregation import ServerState
 from .config import Config
-from .data import load_dataset, partition, split_train_test
+from .data import load_dataset, split_train_test
+from .data.partition import partition_among
 from .data.server import server_data
 from .devices import Budget, Scenario
 from .errors import HetflError, warn
@@ -102,11 +103,9 @@ class Simulation:
         wanted = method_class(cfg.method).server_data_wanted(cfg)  # FedDF's distillation set, before the partition
         server = server_data(*wanted, dataset, cfg.seed, cfg.data_dir or None, cfg.max_length) if wanted else None
         held = server.client_indices if server else None  # a holdout no client may hold
-        parts = partition(dataset.y_train if held is None else dataset.y_train[held], cfg.num_clients, cfg.partition,
-                          alpha=cfg.alpha, classes_per_client=cfg.classes_per_client, min_size=cfg.min_client_size,
-                          seed=cfg.seed)
-        if held is not None:
-            parts = [held[p] for p in parts]
+        self.holdout = len(dataset.y_train) - len(held) if held is not None else 0
+        parts = partition_among(dataset.y_train, held, cfg.num_clients, cfg.partition, alpha=cfg.alpha,
+                                classes_per_client=cfg.classes_per_client, min_size=cfg.min_client_size, seed=cfg.seed)
         self.client_test_parts = None
         if cfg.client_test_fraction > 0:
             parts, test_parts = split_train_test(parts, cfg.client_test_fraction, cfg.seed)

@@ -188,3 +188,12 @@ def _pathological(pools: list[np.ndarray], num_clients: int, classes_per_client:
                              f"lower num_clients or classes_per_client")
         counts[holders, c] = _equal_sizes(len(pool), len(holders))
     return counts
+
+
+def partition_among(labels: torch.Tensor, indices: torch.Tensor | None, num_clients: int, scheme: str = "iid",
+                    **options) -> list[torch.Tensor]:
+    """``partition`` of the samples ``indices`` of ``labels`` only (None: all), as indices into ``labels``: the
+    clients' split when the server holds some training samples out (FedDF's holdout, ``data.server``)."""
+    if indices is None:
+        return partition(labels, num_clients, scheme, **options)
+    return [indices[p] for p in partition(labels[indices], num_clients, scheme, **options)]

@@ -35,13 +35,12 @@ def server_data(source: str, size: int, dataset: Dataset, seed: int, data_dir: s
     """``size`` unlabeled inputs (0: a tenth of ``dataset``'s training set) from ``source`` (``holdout`` or a dataset
     name) for a run on ``dataset``."""
     size = size or max(len(dataset.y_train) // 10, 2)
-    order = lambda n: torch.randperm(n, generator=torch_generator(seed, "server-data"))  # noqa: E731
     if source == HOLDOUT:
         n = len(dataset.y_train)
         if not 0 < size <= n // 2:
             raise HetflError(f"distill_size {size} would hold out more than half of {dataset.name}'s {n} training "
                              f"samples; use at most {n // 2}")
-        drawn = order(n)
+        drawn = _order(n, seed)
         return ServerData(dataset.x_train[drawn[:size]], drawn[size:].sort().values)
     if source == dataset.name:
         raise HetflError(f"distill_dataset {source} is the run's own dataset, whose training samples the clients "
@@ -50,4 +49,15 @@ def server_data(source: str, size: int, dataset: Dataset, seed: int, data_dir: s
     if other.input_shape != dataset.input_shape:
         raise HetflError(f"distill_dataset {source}'s inputs have shape {other.input_shape}, the run's "
                          f"{dataset.name} {dataset.input_shape}; use a dataset of the same shape, or 'holdout'")
-    return ServerData(other.x_train[order(len(other.x_train))[:size]], None)
+    return ServerData(other.x_train[_order(len(other.x_train), seed)[:size]], None)
+
+
+def _order(n: int, seed: int) -> torch.Tensor:
+    """The run's draw of the server's samples among ``n``."""
+    return torch.randperm(n, generator=torch_generator(seed, "server-data"))
+
+
+def client_indices(n: int, holdout: int, seed: int) -> torch.Tensor | None:
+    """The training indices the clients may hold when the server holds ``holdout`` of the ``n`` out (None: all): what
+    ``server_data`` leaves them, for a Flower node that cuts its client's partition itself."""
+    return _order(n, seed)[holdout:].sort().values if holdout else None

@@ -177,7 +177,7 @@ class FlowerExecutor(Executor):
         data = {"dataset": cfg.dataset, "num_clients": cfg.num_clients, "partition": cfg.partition,
                 "alpha": cfg.alpha, "classes_per_client": cfg.classes_per_client,
                 "min_client_size": cfg.min_client_size, "client_test_fraction": cfg.client_test_fraction,
-                "seed": cfg.seed}
+                "seed": cfg.seed, **({"holdout": self.sim.holdout} if self.sim.holdout else {})}
         run = hashlib.sha256(str(self.sim.run_dir.resolve()).encode()).hexdigest()[:16]
         return Work(job.task, job.local, data, run, self.state_rounds.get(job.client, 0),
                     self.kept_rounds.get(job.client, 0))

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import torch
 
-from ..data import load_dataset, partition, split_train_test
+from ..data import load_dataset, split_train_test
+from ..data.partition import partition_among
+from ..data.server import client_indices
 from ..data.datasets import cache_root
 from ..errors import HetflError
 from ..rundir import atomic_torch_save
@@ -41,9 +43,10 @@ def client_data(node: NodeIdentity, client: int, data: dict) -> ClientData:
         part = torch.load(cache, weights_only=True)
     else:
         dataset = load_dataset(data["dataset"], node.data_dir)
-        parts = partition(dataset.y_train, data["num_clients"], data["partition"], alpha=data["alpha"],
-                          classes_per_client=data["classes_per_client"], min_size=data["min_client_size"],
-                          seed=data["seed"])
+        held = client_indices(len(dataset.y_train), data.get("holdout", 0), data["seed"])  # FedDF's server set
+        parts = partition_among(dataset.y_train, held, data["num_clients"], data["partition"], alpha=data["alpha"],
+                                classes_per_client=data["classes_per_client"], min_size=data["min_client_size"],
+                                seed=data["seed"])
         if data["client_test_fraction"] > 0:  # the client's held-out test split never trains
             parts, _ = split_train_test(parts, data["client_test_fraction"], data["seed"])
         idx = parts[client]
