@@ -108,12 +108,12 @@ class FedDF(Decoupled):
     def receive_server_data(self, x: torch.Tensor) -> None:
         """Split the server set into distillation inputs and the tenth that validates (early stopping)."""
         n_val = max(1, len(x) // 10)
-        self.x_val, self.x_distil = x[:n_val], x[n_val:]
+        self.x_server, self.x_val, self.x_distil = x, x[:n_val], x[n_val:]  # views: the teachers run on x once
         self.last_distillation: dict[int, dict] = {}  # per level: steps taken, validation KL before and after
 
     def aggregate(self, state: ServerState, updates: Iterable[Update]) -> ServerState:
         """Alg. 1/3: each level's models averaged (step 3), then the ensemble of all of them distilled into each."""
-        teachers: list[torch.Tensor] = []  # the teachers' logits, on the distillation inputs then the validation ones
+        teachers: list[torch.Tensor] = []  # the teachers' logits on the server set (``_teacher_logits``)
 
         def seen() -> Iterator[Update]:
             for update in updates:
@@ -133,12 +133,12 @@ class FedDF(Decoupled):
 
     @torch.no_grad()
     def _teacher_logits(self, state: ServerState, update: Update) -> torch.Tensor:
-        """One client model's headline logits on the server set (distillation inputs, then validation ones), with
+        """One client model's headline logits on the server set (validation inputs, then distillation ones), with
         static BN statistics of the server set; a client that sent back part of its model has the rest as sent."""
         spec = update.spec
         local = {**extract(state.params, self.models.shapes(spec), spec), **update.state}
         model = self.models.loaded(spec, local)
-        x = torch.cat([self.x_distil, self.x_val])
+        x = self.x_server
         with static_batchnorm(model, x):
             logits = torch.cat([self.predict(model(x[i:i + STATS_CHUNK])) for i in range(0, len(x), STATS_CHUNK)])
         return logits
@@ -146,7 +146,7 @@ class FedDF(Decoupled):
     def _distil(self, params: dict, level: int, teacher: torch.Tensor, round_index: int) -> dict:
         """Level ``level``'s averaged model after distillation (steps 4-5): its tensors under their global names."""
         o, spec = self.options, self.level_spec(level)
-        teach_distil, teach_val = teacher[:len(self.x_distil)], teacher[len(self.x_distil):]
+        teach_val, teach_distil = teacher[:len(self.x_val)], teacher[len(self.x_val):]
         model = self.models.loaded(spec, extract(params, self.models.shapes(spec), spec)).train()
         trained = [p for p in model.parameters() if p.requires_grad]
         adam = torch.optim.Adam(trained, lr=o.distill_lr)
