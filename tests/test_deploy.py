@@ -30,7 +30,8 @@ def test_node_config_is_checked():
                          ({"partition-id": 4, "num-partitions": 4}, "below num-partitions"),
                          ({"partition-id": -1, "num-partitions": 4}, "integer >= 0"),
                          ({"partition-id": 0, "num-partitions": 4, "level": "2"}, "level must be an integer"),
-                         ({"partition-id": 0, "num-partitions": 4, "partition_id": 0}, "'partition_id' is unknown")]:
+                         ({"partition-id": 0, "num-partitions": 4, "partition_id": 0}, "'partition_id' is unknown"),
+                         ({"partition-id": 0, "num-partitions": 4, "worker": "warm"}, "worker must be one of on, off")]:
         with pytest.raises(HetflError, match=message):
             NodeIdentity.from_config(bad)
 
@@ -133,9 +134,10 @@ class InProcessGrid:
 
 
 def node_configs(n: int, root, extra: dict) -> dict[int, dict]:
-    """Node id 100 + k is client k of ``n``, keeping its state under ``root``, with more node config ``extra[k]``."""
-    return {100 + k: {"partition-id": k, "num-partitions": n, "state-dir": str(root / f"node-{k}"), **extra.get(k, {})}
-            for k in range(n)}
+    """Node id 100 + k is client k of ``n``, keeping its state under ``root``, training cold in this process (no
+    worker) unless ``extra[k]`` (more node config) says otherwise."""
+    return {100 + k: {"partition-id": k, "num-partitions": n, "state-dir": str(root / f"node-{k}"), "worker": "off",
+                      **extra.get(k, {})} for k in range(n)}
 
 
 @pytest.fixture
@@ -151,7 +153,7 @@ def deployment(tiny_cfg, tmp_path, monkeypatch):
         monkeypatch.setattr(TaskIdentity, key, 1)
 
     def make(extra=None, **changes):
-        cfg = tiny_cfg(round_timeout=5, **changes)
+        cfg = tiny_cfg(**{"round_timeout": 5, **changes})
         return flower_deployment(cfg, InProcessGrid(node_configs(cfg.num_clients, tmp_path, extra or {})))
 
     return make
@@ -208,7 +210,7 @@ def test_a_node_with_its_own_data_files_takes_the_first_free_client(deployment, 
              x_test=digits.x_test[:10].numpy(), y_test=digits.y_test[:10].numpy())
     run = deployment(method="alllarge", client_fraction=1.0, rounds=1)
     del run.executor.grid.configs[100]  # client 0's node is replaced by one with its own files and no partition-id
-    run.executor.grid.configs[300] = {"data-path": str(own), "state-dir": str(tmp_path / "own-node")}
+    run.executor.grid.configs[300] = {"data-path": str(own), "state-dir": str(tmp_path / "own-node"), "worker": "off"}
     run.run()
     assert run.executor.nodes[0] == 300
     assert run.history[0]["clients"] == 20 and not run.history[0]["missing"]
@@ -221,6 +223,137 @@ def test_a_restarted_node_serves_its_client_again(deployment):
     run.executor.grid.configs[205] = run.executor.grid.configs.pop(105)  # node 105 died; its client came back as node 205
     run.executor.discover()
     assert run.executor.nodes[5] == 205
+
+
+# ---- the warm worker: a long-lived process per node that trains its messages (issue 33) ------------------------------
+@pytest.fixture
+def owner():
+    """A process standing in for a SuperNode's SuperExec: the workers started for it end when it does."""
+    process = subprocess.Popen(["sleep", "600"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def worker_lines(folder, words: str) -> list[str]:
+    """The lines of a node's worker log holding ``words``."""
+    log = folder / "worker.log"
+    return [line for line in log.read_text().splitlines() if words in line] if log.exists() else []
+
+
+def worker_pids(folder) -> list[int]:
+    """The pids of the workers that listened in ``folder``, in order."""
+    return [int(line.split("worker ")[1].split(":")[0]) for line in worker_lines(folder, ": listening")]
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie counts: it runs nothing)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def wait_until(condition, seconds: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_warm_workers_give_the_cold_clientapps_weights_and_end_with_their_owner(deployment, tmp_path, owner,
+                                                                                monkeypatch):
+    monkeypatch.setattr(os, "getppid", lambda: owner.pid)  # the shims' SuperExec
+    changes = dict(method="depthfl", num_clients=3, levels=3, client_fraction=1.0, rounds=2, round_timeout=120)
+    cold = deployment(name="cold", **changes)
+    cold.run()
+    warm = deployment(extra={k: {"worker": "on"} for k in range(3)}, name="warm", **changes)
+    warm.run()
+    for k, v in cold.global_state.items():
+        assert torch.equal(v, warm.global_state[k]), k
+    assert all(r["clients"] == 3 and not r["missing"] and not r["rejected"] for r in warm.history)
+    folders = [tmp_path / f"node-{k}" / "worker" for k in range(3)]
+    for folder in folders:  # one worker per node served both rounds
+        assert len(worker_pids(folder)) == 1 and len(worker_lines(folder, "trained in")) == 2
+        assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
+    owner.kill()
+    owner.wait()  # reaped: a zombie's pid would still answer
+    wait_until(lambda: all(gone(worker_pids(f)[0]) and not list(f.glob("*.sock")) for f in folders))
+
+
+def test_a_worker_killed_or_hung_while_it_trains_loses_the_message_and_a_new_one_takes_over(tmp_path, owner):
+    import signal
+    import threading
+
+    from flwr.app import ConfigRecord, RecordDict
+
+    from hetfl.flower.worker import WorkerFailed, WorkerLost, ask, socket_path
+
+    root, node = tmp_path / "node", {"partition-id": 0, "num-partitions": 1}
+    folder = root / "worker"
+    unreadable = RecordDict({"config": ConfigRecord({"task": "{"})})  # the worker answers with its error
+
+    def asked(timeout=120.0):
+        try:
+            ask(node, root, unreadable, timeout, label="test", owner=owner.pid)
+        except (WorkerFailed, WorkerLost) as e:
+            return e
+
+    assert isinstance(asked(), WorkerFailed)  # a worker started, and replied
+    first = worker_pids(folder)[0]
+    os.kill(first, signal.SIGSTOP)
+    result = []
+    shim = threading.Thread(target=lambda: result.append(asked()))
+    shim.start()
+    wait_until(lambda: len(worker_lines(folder, "handed to worker")) == 2)  # connected: the worker has the message
+    os.kill(first, signal.SIGKILL)
+    shim.join(60)
+    assert isinstance(result[0], WorkerLost) and "died while it trained" in str(result[0])
+    assert socket_path(folder, owner.pid).exists()  # stale: a killed worker cannot remove it
+
+    assert isinstance(asked(), WorkerFailed)  # the stale socket is replaced by a new worker
+    second = worker_pids(folder)[1]
+    assert second != first and not gone(second)
+    os.kill(second, signal.SIGSTOP)  # hung: the shim gives up at the message's deadline and stops it
+    lost = asked(timeout=1.0)
+    assert isinstance(lost, WorkerLost) and "did not reply" in str(lost)
+    wait_until(lambda: gone(second))
+
+
+def test_a_worker_folder_others_may_enter_or_a_socket_not_ours_is_refused(tmp_path):
+    from hetfl.flower.worker import connect, private_folder, socket_path
+
+    folder = private_folder(tmp_path / "node")
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    os.chmod(folder, 0o750)
+    with pytest.raises(HetflError, match="only they may enter"):
+        private_folder(tmp_path / "node")
+    os.chmod(folder, 0o700)
+    socket_path(folder, 1).write_text("planted")
+    with pytest.raises(HetflError, match="not a socket of this user's"):
+        connect(folder, 1)
+    assert connect(folder, 2) is None  # no worker yet
+
+
+def test_a_worker_serves_no_other_user(tmp_path, monkeypatch):
+    import socket
+
+    from hetfl.flower import worker
+
+    folder = worker.private_folder(tmp_path / "node")
+    ours, theirs = socket.socketpair(socket.AF_UNIX)
+    monkeypatch.setattr(worker, "peer_uid", lambda sock: os.getuid() + 1)
+    worker.send_frame(theirs, b'{"node": {}}')
+    worker.handle(ours, folder, {})
+    ours.close()
+    try:
+        reply = theirs.recv(8)
+    except ConnectionResetError:  # closed with the request unread
+        reply = b""
+    assert reply == b""  # closed without a reply
+    assert worker_lines(folder, f"refused a connection from uid {os.getuid() + 1}")
 
 
 # ---- the command, without Flower processes ----------------------------------------------------------------------

@@ -7,7 +7,10 @@
    as missing, the node comes back and takes part again;
 4. the SuperLink and ServerApp killed with SIGKILL after a round: ``hetfl deploy --resume`` ends with
    the weights of an uninterrupted run (and a Ctrl-C on the way stops every process);
-5. bad replies (here a node that sends NaNs) are rejected with the client's id, never aggregated.
+5. bad replies (here a node that sends NaNs) are rejected with the client's id, never aggregated;
+6. (issue 33) every node trains on its warm worker, so 1 holds with workers; a worker killed mid-round
+   loses its client for that round only (the weights of a simulator run where it dropped out), and
+   Flower's floor app sends and returns messages of the sizes it is given.
 
 Every process runs with one thread (results are compared bit for bit with the simulator run in
 this process with one thread), every wait has a deadline, and every test checks that no process it
@@ -57,9 +60,23 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def simulated(cfg) -> tuple[dict, list[dict]]:
-    """The final weights and round records of ``cfg`` run by the simulator in this process."""
-    sim = Simulation(cfg.replace(name=cfg.name + "-sim"))
+def simulated(cfg, dropped: dict[int, set[int]] | None = None) -> tuple[dict, list[dict]]:
+    """The final weights and round records of ``cfg`` run by the simulator in this process, the clients in
+    ``dropped[round]`` sending nothing in that round."""
+    from hetfl.executors import Executor, Reply
+
+    class Dropping(Executor):
+        def __init__(self, inner: Executor):
+            self.inner, self.name = inner, inner.name
+
+        def execute(self, jobs, round_index):
+            jobs = list(jobs)
+            kept = [job for job in jobs if job.client not in (dropped or {}).get(round_index, ())]
+            replies = {job.client: reply for job, reply in self.inner.execute(kept, round_index)}
+            for job in jobs:
+                yield job, replies.get(job.client, Reply())
+
+    sim = Simulation(cfg.replace(name=cfg.name + "-sim"), executor=lambda s: Dropping(s.local_executor()))
     sim.run(progress=False)
     return sim.global_state, records(sim.run_dir)
 
@@ -148,6 +165,18 @@ def test_flower_runs_give_the_simulators_weights_over_tls_with_authenticated_nod
     assert len([n for n in nodes["nodes"] if n.get("status") == "online"]) == 3, nodes
 
 
+@pytest.mark.soak
+def test_the_floor_app_round_trips_messages_of_the_sizes_it_is_given(federation):
+    from hetfl.bench.flower import run_floor
+
+    arrays = {"conv.weight": [[16, 1, 3, 3], "float32"], "bn.num_batches_tracked": [[], "int64"]}
+    got = run_floor(federation, nodes=3, rounds=2, train_seconds=0.2, arrays=arrays, timeout=120)
+    assert got["nodes"] == 3 and got["replies"] == [3, 3]  # the intruder took no part
+    payload = 16 * 9 * 4 + 8
+    assert all(3 * payload < b <= 3 * (payload + 2 * 128) for b in got["bytes_up"]), got  # plus a header per array
+    assert all(s >= 0.2 for s in got["seconds"])
+
+
 # ---- guarantees 3, 4, 5: `hetfl deploy` with a node that dies, a node that lies, a server that dies ------------
 def ctrl_c_as_usual() -> None:
     """SIGINT back to its default in the child: a suite started as a shell's background job inherits it ignored,
@@ -227,6 +256,35 @@ def test_a_node_killed_mid_round_is_missing_then_back_and_bad_replies_are_reject
     assert [r["clients"] for r in got] == [2, 1, 2]  # client 2 came back for round 3
     assert "dropped the update of client 1" in out
     assert not live_processes_in(run_dir)
+
+
+@pytest.mark.soak
+def test_a_worker_killed_mid_round_loses_its_client_for_that_round_only(tmp_path, one_thread):
+    cfg = small_cfg(tmp_path, "worker", method="depthfl", rounds=3, round_timeout=60)  # FedDyn state on the nodes
+    run_dir = tmp_path / "worker"
+    log = run_dir / "flower" / "node-2" / "worker" / "worker.log"
+    with Deploy(tmp_path / "deploy.log", *flags(cfg), "--nodes=3") as deployment:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and "\n" in (run_dir / "metrics.jsonl").read_text(),
+                 "round 1", deployment)
+        first = worker_pids(log)[0]
+        os.kill(first, signal.SIGSTOP)  # idle between rounds; round 2's message will wait for it
+        wait_for(lambda: "(round 2): handed to worker" in log.read_text(), "round 2 at node 2's worker", deployment)
+        os.kill(first, signal.SIGKILL)  # dies with the message
+        code, out = deployment.finish()
+    assert code == 0, out
+    got = records(run_dir)
+    assert [r["missing"] for r in got] == [[], [2], []] and not any(r["rejected"] for r in got)
+    assert [r["clients"] for r in got] == [3, 2, 3]  # a new worker took round 3's message
+    assert len(worker_pids(log)) == 2
+    want, _ = simulated(cfg, dropped={2: {2}})
+    assert_identical(want, weights(run_dir))
+    assert not live_processes_in(run_dir)
+
+
+def worker_pids(log: Path) -> list[int]:
+    """The pids of the workers that listened, from a node's worker log."""
+    return [int(line.split("worker ")[1].split(":")[0]) for line in log.read_text().splitlines()
+            if ": listening" in line]
 
 
 def _has_child_clientapp(supernode: int) -> bool:

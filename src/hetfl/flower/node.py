@@ -1,4 +1,5 @@
-"""A SuperNode's side of a round: its client's data and its clients' own state on its disk.
+"""A SuperNode's side of a round: its client's data, its clients' own state on its disk, and the training of a
+``train`` message (``NodeTrainer``: the cold ClientApp makes one per message, the warm worker keeps one).
 
 A client's own state (FedDyn's g_k) is kept per run and per round: the server says which round's
 state a job starts from (that of the client's last update it aggregated) and from which round on
@@ -12,22 +13,24 @@ import hashlib
 import json
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import torch
 
+from ..client import client_update
 from ..data import load_dataset, split_train_test
 from ..data.partition import partition_among
 from ..data.server import client_indices
-from ..data.datasets import cache_root
 from ..errors import HetflError
+from ..faults import corrupt
+from ..models.cache import ModelCache, family_of
 from ..rundir import atomic_torch_save
 from ..slicing import State
 from ..trainers.schedule import ClientData
 from .identity import NodeIdentity
 
-
-def state_root(node: NodeIdentity) -> Path:
-    """The folder holding the node's own state and data cache (``state-dir``, default ~/.cache/hetfl/node-state)."""
-    return Path(node.state_dir).expanduser() if node.state_dir else cache_root() / "node-state"
+if TYPE_CHECKING:  # Flower is imported by the methods that read and write its records
+    from flwr.app import RecordDict
 
 
 def client_data(node: NodeIdentity, client: int, data: dict) -> ClientData:
@@ -38,7 +41,7 @@ def client_data(node: NodeIdentity, client: int, data: dict) -> ClientData:
         dataset = load_dataset(f"{'idx' if path.is_dir() else 'npz'}:{path}")
         return ClientData(dataset.x_train, dataset.y_train, torch.arange(len(dataset.y_train)))
     key = hashlib.sha256(json.dumps({**data, "client": client}, sort_keys=True).encode()).hexdigest()[:16]
-    cache = state_root(node) / "data" / f"{key}.pt"
+    cache = node.state_root / "data" / f"{key}.pt"
     if cache.exists():
         part = torch.load(cache, weights_only=True)
     else:
@@ -79,3 +82,42 @@ class OwnStates:
         for path in self.folder.glob("round-*.pt"):
             if int(path.stem.removeprefix("round-")) < keep_round:
                 path.unlink(missing_ok=True)
+
+
+class NodeTrainer:
+    """A node's training of its ``train`` messages, holding its client's samples and the sub-model objects
+    (``ModelCache``) across messages; the client's own state is read from and written to the node's disk every
+    time, so a trainer that is new or kept long trains a message the same way."""
+
+    def __init__(self, node: NodeIdentity):
+        self.node = node
+        self.samples: dict[str, ClientData] = {}
+        self.models: dict[tuple, ModelCache] = {}
+
+    def train(self, content: RecordDict) -> RecordDict:
+        """The reply content to a ``train`` message's ``content``: the client's update of its task."""
+        from .wire import read_work, reply_content
+
+        work = read_work(content)
+        task = work.task
+        data = self.client_data(task.client, work.data)
+        if tuple(data.x.shape[1:]) != tuple(task.family.input_shape):
+            raise ValueError(f"this node's samples have shape {tuple(data.x.shape[1:])}, the run's model takes "
+                             f"{tuple(task.family.input_shape)}")
+        key = (task.family, task.scaler)
+        if key not in self.models:
+            self.models[key] = ModelCache(family_of(task.family), data.x.device, scaler=task.scaler)
+        states = OwnStates(self.node.state_root, work.run, task.client)
+        update, own = client_update(work.local, task, data, states.load(work.state_round), self.models[key])
+        if own is not None:
+            states.save(task.round, own, work.keep_round)
+        if self.node.corrupt:
+            update = corrupt(update, self.node.corrupt)
+        return reply_content(update)
+
+    def client_data(self, client: int, data: dict) -> ClientData:
+        """``client_data``, kept in memory after the first message."""
+        key = json.dumps({**data, "client": client}, sort_keys=True)
+        if key not in self.samples:
+            self.samples[key] = client_data(self.node, client, data)
+        return self.samples[key]

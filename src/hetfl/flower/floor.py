@@ -1,0 +1,79 @@
+"""Flower's floor: the least a round on Flower costs, with hetfl's message sizes (``hetfl bench flower``).
+
+A minimal Flower App, run on the same SuperLink and SuperNodes as hetfl's: its ServerApp sends every
+node a ``train`` message holding arrays of the names, shapes and dtypes hetfl sends (zeros) and
+pulls the replies as hetfl's ServerApp does (``grid.exchange``); its ClientApp imports numpy and
+Flower only, sleeps for as long as the training it stands in for, and replies with the arrays it
+received (hetfl's FedAvg sends as much up as down). A round of it is what Flower itself costs: a
+ClientApp process per message, the SuperNodes' polls, the messages on the wire. hetfl's overhead
+per message is what a round of hetfl costs beyond it, over the messages of the round.
+
+Its run config names ``spec``, a JSON file: ``nodes``, ``rounds``, ``train_seconds``, ``timeout``,
+``arrays`` (name -> [shape, dtype]) and ``out``, where the ServerApp writes each round's seconds,
+replies and bytes of the arrays that came back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from .grid import exchange
+
+PYPROJECT = '''# Flower's floor for hetfl's bench: a numpy-only ClientApp that sleeps, with hetfl's message sizes
+[project]
+name = "hetfl-floor"
+version = "1.0.0"
+license = "Apache-2.0"
+dependencies = ["flwr"]
+
+[tool.flwr.app]
+publisher = "hetfl"
+
+[tool.flwr.app.components]
+serverapp = "hetfl.flower.floor:server"
+clientapp = "hetfl.flower.floor:client"
+
+[tool.flwr.app.config]
+spec = ""  # the JSON file of the rounds to run
+'''
+
+server = ServerApp()
+client = ClientApp()
+
+
+@client.train()
+def sleep_and_echo(msg: Message, context: Context) -> Message:
+    """The reply to ``train``: after the training's time, the same arrays back."""
+    time.sleep(float(msg.content["config"]["train-seconds"]))
+    return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)
+
+
+@server.main()
+def rounds(grid: Grid, context: Context) -> None:
+    """Returns None; runs the spec's rounds over every node and writes their seconds to the spec's ``out``."""
+    spec = json.loads(Path(str(context.run_config["spec"])).read_text())
+    arrays = ArrayRecord({name: Array(np.zeros(shape, dtype=dtype)) for name, (shape, dtype) in spec["arrays"].items()})
+    deadline = time.monotonic() + spec["timeout"]
+    while len(nodes := sorted(grid.get_node_ids())) < spec["nodes"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    seconds, replies, sizes = [], [], []
+    for r in range(1, spec["rounds"] + 1):
+        started = time.perf_counter()
+        messages = {n: Message(RecordDict({"arrays": arrays, "config": ConfigRecord(
+            {"train-seconds": spec["train_seconds"], "node": n})}), n, "train", ttl=spec["timeout"], group_id=str(r))
+            for n in nodes}  # one content per node, as hetfl sends
+        got = exchange(grid, messages, spec["timeout"])
+        seconds.append(time.perf_counter() - started)
+        replies.append(sum(not m.has_error() for m in got.values()))
+        sizes.append(sum(len(a.data) for m in got.values() if m.has_content() for a in m.content["arrays"].values()))
+        print(f"hetfl floor: round {r}/{spec['rounds']}: {replies[-1]} of {len(nodes)} replies in "
+              f"{seconds[-1]:.2f} s", flush=True)
+    Path(spec["out"]).write_text(json.dumps({"seconds": seconds, "replies": replies, "bytes_up": sizes,
+                                             "nodes": len(nodes)}))
