@@ -263,15 +263,15 @@ def wait_until(condition, seconds: float = 30) -> None:
         time.sleep(0.05)
 
 
-def test_warm_workers_give_the_cold_clientapps_weights_and_end_with_their_owner(deployment, tmp_path, owner,
-                                                                                monkeypatch):
+def test_warm_workers_give_the_simulators_weights_and_end_with_their_owner(deployment, tiny_cfg, tmp_path, owner,
+                                                                         monkeypatch):
     monkeypatch.setattr(os, "getppid", lambda: owner.pid)  # the shims' SuperExec
     changes = dict(method="depthfl", num_clients=3, levels=3, client_fraction=1.0, rounds=2, round_timeout=120)
-    cold = deployment(name="cold", **changes)
-    cold.run()
+    want = Simulation(tiny_cfg(name="sim", **changes))  # FedDyn: each client's g_k read from its node's disk
+    want.run(progress=False)
     warm = deployment(extra={k: {"worker": "on"} for k in range(3)}, name="warm", **changes)
     warm.run()
-    for k, v in cold.global_state.items():
+    for k, v in want.global_state.items():
         assert torch.equal(v, warm.global_state[k]), k
     assert all(r["clients"] == 3 and not r["missing"] and not r["rejected"] for r in warm.history)
     folders = [tmp_path / f"node-{k}" / "worker" for k in range(3)]

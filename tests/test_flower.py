@@ -170,7 +170,7 @@ def test_the_floor_app_round_trips_messages_of_the_sizes_it_is_given(federation)
     from hetfl.bench.flower import run_floor
 
     arrays = {"conv.weight": [[16, 1, 3, 3], "float32"], "bn.num_batches_tracked": [[], "int64"]}
-    got = run_floor(federation, nodes=3, rounds=2, train_seconds=0.2, arrays=arrays, timeout=120)
+    got = run_floor(federation, nodes=3, rounds=2, train_cpu_seconds=0.2, arrays=arrays, timeout=120)
     assert got["nodes"] == 3 and got["replies"] == [3, 3]  # the intruder took no part
     payload = 16 * 9 * 4 + 8
     assert all(3 * payload < b <= 3 * (payload + 2 * 128) for b in got["bytes_up"]), got  # plus a header per array

@@ -10,9 +10,9 @@ Four columns (issue 33), each the median time of a round that neither starts its
 
 * the simulator;
 * Flower's floor (``flower.floor``): a numpy-only ClientApp on the same SuperLink and SuperNodes,
-  with hetfl's message sizes, that sleeps instead of training. The sleep is the simulator's round
-  time over this machine's cores (at most one per client): the round's training if the clients,
-  training at once, shared the cores perfectly. The floor is what Flower costs plus that training;
+  with hetfl's message sizes, that keeps a core busy for the CPU seconds a client's training takes
+  in the simulator (its steady rounds' CPU time over the clients) instead of training. The floor is
+  what Flower costs plus that training;
 * hetfl on Flower with the nodes' warm workers (the default);
 * hetfl on Flower with cold ClientApps (``worker=off``: each message's process imports torch,
   loads the data and builds the model), on a second federation.
@@ -75,12 +75,14 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -
         folder.mkdir(parents=True, exist_ok=True)
         cfg = bench_config(folder, nodes, max(rounds, 3))
 
-        started = time.perf_counter()
-        sim = Simulation(cfg.replace(name="simulator"))
+        started, cpu = time.perf_counter(), []
+        sim = Simulation(cfg.replace(name="simulator"), on_round=lambda sim, record: cpu.append(time.process_time()))
         sim_startup = time.perf_counter() - started
+        cpu.append(time.process_time())
         sim.run(progress=False)
-        sim_round = steady_rounds([r["seconds"] for r in sim.history], [bool(r["eval"]) for r in sim.history])
-        train_seconds = sim_round / min(cores(), nodes)
+        evaluated = [bool(r["eval"]) for r in sim.history]
+        sim_round = steady_rounds([r["seconds"] for r in sim.history], evaluated)
+        train_cpu_seconds = steady_rounds([b - a for a, b in zip(cpu, cpu[1:])], evaluated) / nodes
         arrays = {name: [list(t.shape), str(t.numpy().dtype)] for name, t in sim.global_state.items()}
 
         runs = {}
@@ -89,11 +91,11 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -
                 for k, config in enumerate(node_configs(nodes, federation.root, extra=extra)):
                     federation.add_node(str(k), config)
                 if label == "warm":  # the floor on the same SuperLink and SuperNodes
-                    floor = run_floor(federation, nodes, cfg.rounds, train_seconds, arrays, cfg.round_timeout)
+                    floor = run_floor(federation, nodes, cfg.rounds, train_cpu_seconds, arrays, cfg.round_timeout)
                 runs[label] = _hetfl(federation, cfg.replace(name=f"flower-{label}"))
 
     figures = {
-        "rounds": cfg.rounds, "clients_per_round": nodes, "cores": cores(), "floor_train_seconds": train_seconds,
+        "rounds": cfg.rounds, "clients_per_round": nodes, "cores": cores(), "floor_train_cpu_seconds": train_cpu_seconds,
         "startup_s": {"simulator": sim_startup, **{k: v["startup"] for k, v in runs.items()}},
         "round_s": {"simulator": sim_round, "floor": steady_rounds(floor["seconds"], [False] * len(floor["seconds"])),
                     **{k: v["round"] for k, v in runs.items()}},
@@ -109,13 +111,13 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -
     return figures
 
 
-def run_floor(federation, nodes: int, rounds: int, train_seconds: float, arrays: dict, timeout: float) -> dict:
+def run_floor(federation, nodes: int, rounds: int, train_cpu_seconds: float, arrays: dict, timeout: float) -> dict:
     """The floor app's rounds on ``federation`` (``flower.floor``): their seconds, replies and bytes up."""
     from ..flower import floor
     from ..flower.deploy import DeployFailed, write_app
 
     spec, result = federation.root / "floor-spec.json", federation.root / "floor-result.json"
-    spec.write_text(json.dumps({"nodes": nodes, "rounds": rounds, "train_seconds": train_seconds, "arrays": arrays,
+    spec.write_text(json.dumps({"nodes": nodes, "rounds": rounds, "train_cpu_seconds": train_cpu_seconds, "arrays": arrays,
                                 "timeout": timeout, "out": str(result)}))
     app = write_app(federation.root / "floor-app", floor.PYPROJECT)
     process = federation.run_app(app, {"spec": str(spec)})
@@ -160,8 +162,8 @@ def report(figures: dict) -> None:
     overhead = figures["overhead_per_message_s"]
     label = "hetfl's overhead per message (s)"
     print(f"{label:34}{'':28}" + "".join(f"{overhead[k]:14.2f}" for k in ("warm", "cold")))
-    print(f"The floor's ClientApp sleeps {figures['floor_train_seconds']:.2f} s per message: the simulator's round "
-          f"over {min(figures['cores'], nodes)} cores, the clients' training if they shared the cores perfectly.")
+    print(f"The floor's ClientApp spends {figures['floor_train_cpu_seconds']:.2f} CPU-s per message, what a client's "
+          "training takes in the simulator.")
     for way in ("down", "up"):
         wire, local = figures[f"wire_bytes_{way}_per_round"], figures[f"local_bytes_{way}_per_round"]
         print(f"bytes {way} per round: {wire:,.0f} on the wire, {local:,.0f} in the local tensors "

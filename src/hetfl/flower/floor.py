@@ -3,12 +3,18 @@
 A minimal Flower App, run on the same SuperLink and SuperNodes as hetfl's: its ServerApp sends every
 node a ``train`` message holding arrays of the names, shapes and dtypes hetfl sends (zeros) and
 pulls the replies as hetfl's ServerApp does (``grid.exchange``); its ClientApp imports numpy and
-Flower only, sleeps for as long as the training it stands in for, and replies with the arrays it
-received (hetfl's FedAvg sends as much up as down). A round of it is what Flower itself costs: a
-ClientApp process per message, the SuperNodes' polls, the messages on the wire. hetfl's overhead
-per message is what a round of hetfl costs beyond it, over the messages of the round.
+Flower only, stands in for the training by keeping a core busy for as many CPU seconds as a
+client's training takes in the simulator, and replies with the arrays it received (hetfl's FedAvg
+sends as much up as down). A round of it is what Flower itself costs: a ClientApp process per
+message, the SuperNodes' polls, the messages on the wire. hetfl's overhead per message is what a
+round of hetfl costs beyond it, over the messages of the round.
 
-Its run config names ``spec``, a JSON file: ``nodes``, ``rounds``, ``train_seconds``, ``timeout``,
+Why CPU seconds and not a sleep: on one machine the nodes share its cores, and a client's training
+competes for them with Flower's own processes (each message's ClientApp start-up); a sleeping
+stand-in would not, and that contention would be counted as hetfl's. On a fleet of devices, one
+per node, the two are the same.
+
+Its run config names ``spec``, a JSON file: ``nodes``, ``rounds``, ``train_cpu_seconds``, ``timeout``,
 ``arrays`` (name -> [shape, dtype]) and ``out``, where the ServerApp writes each round's seconds,
 replies and bytes of the arrays that came back.
 """
@@ -26,7 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from .grid import exchange
 
-PYPROJECT = '''# Flower's floor for hetfl's bench: a numpy-only ClientApp that sleeps, with hetfl's message sizes
+PYPROJECT = '''# Flower's floor for hetfl's bench: a numpy-only ClientApp that stands in for training, with hetfl's message sizes
 [project]
 name = "hetfl-floor"
 version = "1.0.0"
@@ -49,10 +55,18 @@ client = ClientApp()
 
 
 @client.train()
-def sleep_and_echo(msg: Message, context: Context) -> Message:
-    """The reply to ``train``: after the training's time, the same arrays back."""
-    time.sleep(float(msg.content["config"]["train-seconds"]))
+def work_and_echo(msg: Message, context: Context) -> Message:
+    """The reply to ``train``: after the training's CPU seconds, the same arrays back."""
+    busy(float(msg.content["config"]["train-cpu-seconds"]))
     return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)
+
+
+def busy(cpu_seconds: float) -> None:
+    """Returns None once this process has used ``cpu_seconds`` more of CPU time (on one thread)."""
+    end = time.process_time() + cpu_seconds
+    block = np.ones((64, 64))
+    while time.process_time() < end:
+        block = block @ block / 64.0
 
 
 @server.main()
@@ -67,7 +81,7 @@ def rounds(grid: Grid, context: Context) -> None:
     for r in range(1, spec["rounds"] + 1):
         started = time.perf_counter()
         messages = {n: Message(RecordDict({"arrays": arrays, "config": ConfigRecord(
-            {"train-seconds": spec["train_seconds"], "node": n})}), n, "train", ttl=spec["timeout"], group_id=str(r))
+            {"train-cpu-seconds": spec["train_cpu_seconds"], "node": n})}), n, "train", ttl=spec["timeout"], group_id=str(r))
             for n in nodes}  # one content per node, as hetfl sends
         got = exchange(grid, messages, spec["timeout"])
         seconds.append(time.perf_counter() - started)

@@ -314,9 +314,14 @@ def _exit_with(owner: int, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m hetfl.flower.worker FOLDER OWNER``: the worker, as a shim starts it."""
+    """``python -m hetfl.flower.worker FOLDER OWNER``: the worker, as a shim starts it; a Ctrl-C or SIGTERM to the
+    SuperNode's group ends it quietly, its socket removed."""
     folder, owner = (argv or sys.argv[1:])[:2]
-    serve(Path(folder), int(owner))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        serve(Path(folder), int(owner))
+    except KeyboardInterrupt:
+        socket_path(Path(folder), int(owner)).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
