@@ -113,13 +113,14 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -
 
 def run_floor(federation, nodes: int, rounds: int, train_cpu_seconds: float, arrays: dict, timeout: float) -> dict:
     """The floor app's rounds on ``federation`` (``flower.floor``): their seconds, replies and bytes up."""
-    from ..flower import floor
-    from ..flower.deploy import DeployFailed, write_app
+    from ..flower.deploy import DeployFailed, app_pyproject, write_app
 
     spec, result = federation.root / "floor-spec.json", federation.root / "floor-result.json"
     spec.write_text(json.dumps({"nodes": nodes, "rounds": rounds, "train_cpu_seconds": train_cpu_seconds, "arrays": arrays,
                                 "timeout": timeout, "out": str(result)}))
-    app = write_app(federation.root / "floor-app", floor.PYPROJECT)
+    app = write_app(federation.root / "floor-app", app_pyproject(
+        "hetfl-floor", "Flower's floor for hetfl's bench: a numpy-only ClientApp standing in for training",
+        "hetfl.flower.floor:server", "hetfl.flower.floor:client", 'spec = ""  # the JSON file of the rounds to run'))
     process = federation.run_app(app, {"spec": str(spec)})
     output, _ = process.communicate()
     if not result.exists():

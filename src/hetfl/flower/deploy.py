@@ -24,12 +24,13 @@ from ..rundir import atomic_write_text, lock_run_dir, readable_json_file, unlock
 from .federation import Federation
 from .identity import NodeIdentity
 
-APP_PYPROJECT = f'''# hetfl's methods as a Flower App; run it with
-#   flwr run THIS_FOLDER CONNECTION --run-config 'config="/abs/path/my.toml"' --stream
-[project]
-name = "hetfl-app"
+def app_pyproject(name: str, description: str, serverapp: str, clientapp: str, config: str, usage: str = "") -> str:
+    """The pyproject.toml of a Flower App of hetfl's (``serverapp``, ``clientapp``: Flower's ``module:object``
+    references), with the run config keys ``config`` (TOML lines) and ``usage`` (comment lines) on top."""
+    return f'''{usage}[project]
+name = "{name}"
 version = "{__version__}"
-description = "hetfl: the ServerApp runs a hetfl method's strategy, the ClientApp runs hetfl's client function"
+description = "{description}"
 license = "Apache-2.0"
 dependencies = ["hetfl[flower]=={__version__}"]
 
@@ -37,13 +38,21 @@ dependencies = ["hetfl[flower]=={__version__}"]
 publisher = "hetfl"
 
 [tool.flwr.app.components]
-serverapp = "hetfl.flower.server_app:app"
-clientapp = "hetfl.flower.client_app:app"
+serverapp = "{serverapp}"
+clientapp = "{clientapp}"
 
 [tool.flwr.app.config]
-config = ""   # a hetfl TOML file on the SuperLink's machine: a new run
-run-dir = ""  # or a run folder to continue from its last checkpoint
+{config}
 '''
+
+
+APP_PYPROJECT = app_pyproject(
+    "hetfl-app", "hetfl: the ServerApp runs a hetfl method's strategy, the ClientApp runs hetfl's client function",
+    "hetfl.flower.server_app:app", "hetfl.flower.client_app:app",
+    'config = ""   # a hetfl TOML file on the SuperLink\'s machine: a new run\n'
+                    'run-dir = ""  # or a run folder to continue from its last checkpoint',
+    usage="# hetfl's methods as a Flower App; run it with\n"
+          "#   flwr run THIS_FOLDER CONNECTION --run-config 'config=\"/abs/path/my.toml\"' --stream\n")
 
 
 class DeployFailed(HetflError):

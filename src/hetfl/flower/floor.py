@@ -32,24 +32,6 @@ from flwr.serverapp import Grid, ServerApp
 
 from .grid import exchange
 
-PYPROJECT = '''# Flower's floor for hetfl's bench: a numpy-only ClientApp that stands in for training, with hetfl's message sizes
-[project]
-name = "hetfl-floor"
-version = "1.0.0"
-license = "Apache-2.0"
-dependencies = ["flwr"]
-
-[tool.flwr.app]
-publisher = "hetfl"
-
-[tool.flwr.app.components]
-serverapp = "hetfl.flower.floor:server"
-clientapp = "hetfl.flower.floor:client"
-
-[tool.flwr.app.config]
-spec = ""  # the JSON file of the rounds to run
-'''
-
 server = ServerApp()
 client = ClientApp()
 
