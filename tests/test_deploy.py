@@ -17,6 +17,7 @@ from hetfl.errors import HetflError
 from hetfl.flower.identity import NodeIdentity
 from hetfl.flower.node import OwnStates, client_data
 from hetfl.sim import Simulation
+from worker_log import worker_lines, worker_pids
 
 
 # ---- node configs, own state, data ---------------------------------------------------------------------------
@@ -233,17 +234,6 @@ def owner():
     yield process
     process.kill()
     process.wait()
-
-
-def worker_lines(folder, words: str) -> list[str]:
-    """The lines of a node's worker log holding ``words``."""
-    log = folder / "worker.log"
-    return [line for line in log.read_text().splitlines() if words in line] if log.exists() else []
-
-
-def worker_pids(folder) -> list[int]:
-    """The pids of the workers that listened in ``folder``, in order."""
-    return [int(line.split("worker ")[1].split(":")[0]) for line in worker_lines(folder, ": listening")]
 
 
 def gone(pid: int) -> bool:

@@ -39,6 +39,7 @@ from hetfl.methods import config_from  # noqa: E402
 from hetfl.rundir import unlock_run_dir  # noqa: E402
 from hetfl.sim import Simulation  # noqa: E402
 from weights import assert_identical, weights  # noqa: E402
+from worker_log import worker_lines, worker_pids  # noqa: E402
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 TIMEOUT = 240  # seconds for any one run on Flower; a few rounds on digits take well under a minute
@@ -262,29 +263,23 @@ def test_a_node_killed_mid_round_is_missing_then_back_and_bad_replies_are_reject
 def test_a_worker_killed_mid_round_loses_its_client_for_that_round_only(tmp_path, one_thread):
     cfg = small_cfg(tmp_path, "worker", method="depthfl", rounds=3, round_timeout=60)  # FedDyn state on the nodes
     run_dir = tmp_path / "worker"
-    log = run_dir / "flower" / "node-2" / "worker" / "worker.log"
+    folder = run_dir / "flower" / "node-2" / "worker"
     with Deploy(tmp_path / "deploy.log", *flags(cfg), "--nodes=3") as deployment:
         wait_for(lambda: (run_dir / "metrics.jsonl").exists() and "\n" in (run_dir / "metrics.jsonl").read_text(),
                  "round 1", deployment)
-        first = worker_pids(log)[0]
+        first = worker_pids(folder)[0]
         os.kill(first, signal.SIGSTOP)  # idle between rounds; round 2's message will wait for it
-        wait_for(lambda: "(round 2): handed to worker" in log.read_text(), "round 2 at node 2's worker", deployment)
+        wait_for(lambda: worker_lines(folder, "(round 2): handed to worker"), "round 2 at node 2's worker", deployment)
         os.kill(first, signal.SIGKILL)  # dies with the message
         code, out = deployment.finish()
     assert code == 0, out
     got = records(run_dir)
     assert [r["missing"] for r in got] == [[], [2], []] and not any(r["rejected"] for r in got)
     assert [r["clients"] for r in got] == [3, 2, 3]  # a new worker took round 3's message
-    assert len(worker_pids(log)) == 2
+    assert len(worker_pids(folder)) == 2
     want, _ = simulated(cfg, dropped={2: {2}})
     assert_identical(want, weights(run_dir))
     assert not live_processes_in(run_dir)
-
-
-def worker_pids(log: Path) -> list[int]:
-    """The pids of the workers that listened, from a node's worker log."""
-    return [int(line.split("worker ")[1].split(":")[0]) for line in log.read_text().splitlines()
-            if ": listening" in line]
 
 
 def _has_child_clientapp(supernode: int) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import torch
