@@ -5,7 +5,8 @@
 #           copies Fashion-MNIST into .lease/ (git-ignored); the device call carries it (carry: [".lease"])
 #   there:  scripts/gpu_lease.sh run SECONDS WORKERS PRESET... [-- MORE SUITE FLAGS, e.g. --seeds 0 --rounds 150]
 #           hetfl from this checkout's src/ (the machine's image holds torch, numpy, tqdm and matplotlib), data from
-#           .lease/, `hetfl bench suite` on cuda within SECONDS with WORKERS processes; then each preset's
+#           .lease/, `hetfl bench suite --reuse-saved` on cuda within SECONDS with WORKERS processes (the runs of
+#           docs/results/PRESET count as finished: only the runs a committed table lacks train); then each preset's
 #           finished runs go to $OUT as PRESET.finished-runs.json, with the suite's log and curves.tgz (every
 #           run's metrics, finished or not, for scripts/plateau.py); at most 8 files come back from a call: up to
 #           6 presets per call
@@ -36,8 +37,14 @@ run)
     out=${OUT:-/tmp/lease-out}
     mkdir -p "$out"
     export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HETFL_DATA_DIR="$PWD/$LEASE" PYTHONUNBUFFERED=1
+    # the committed tables' runs count as finished (--reuse-saved): the lease trains only the runs they lack
+    for p in "${presets[@]}"; do
+        name=$(basename "$p" .toml)
+        mkdir -p "/tmp/lease-results/$name"
+        cp docs/results/"$name"/{summaries,finished-runs}.json "/tmp/lease-results/$name/" 2>/dev/null || true
+    done
     python3 -m hetfl bench suite "${presets[@]}" --device "${DEVICE:-cuda}" --workers "$workers" \
-        --time-budget "$budget" --out /tmp/lease-results --runs-dir /tmp/lease-runs --quiet "$@" \
+        --time-budget "$budget" --out /tmp/lease-results --runs-dir /tmp/lease-runs --reuse-saved --quiet "$@" \
         2>&1 | tee "$out/suite.log" || true
     # a preset whose runs all finished has moved them from finished-runs.json into summaries.json: take both
     for p in "${presets[@]}"; do

@@ -116,7 +116,7 @@ def test_a_small_budget_stops_the_worker_and_later_calls_resume(tmp_path):
     (["--time-budget", "60", "--seeds", "0,x", "demo"], "--seeds must be comma-separated integers, got '0,x'"),
     (["--time-budget", "60", "--rounds", "0", "demo"], "rounds must be an integer >= 1, got 0"),
     (["--time-budget", "60", "--device", "tpu", "demo"], "device 'tpu' is not a torch device"),
-    (["--time-budget", "60", "--report-only", "demo"], "--report-only and --reuse-saved are options of hetfl bench"),
+    (["--time-budget", "60", "--report-only", "demo"], "--report-only is an option of hetfl bench PRESET"),
     (["--time-budget", "60", "--colour", "red", "demo"], "unrecognized arguments: --colour"),
 ])
 def test_bad_suite_input(tmp_path, capsys, args, fragment):
@@ -145,3 +145,37 @@ def test_other_benches_take_one_preset_and_no_suite_options(tmp_path, capsys, ar
     assert main(["bench", *args, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+TWO_ROWS = """
+title = "two rows"
+seeds = [0]
+[base]
+dataset = "digits"
+num_clients = 10
+model_width = 0.25
+client_fraction = 0.3
+rounds = 1
+[[runs]]
+label = "large"
+method = "alllarge"
+"""
+
+
+def test_reuse_saved_trains_only_the_runs_a_committed_table_lacks(tmp_path, capsys):
+    """A lease on a fresh machine (no runs folder) with --reuse-saved takes the runs the results folder holds and
+    trains only the new row; the table then has both, the saved one unchanged."""
+    preset = tmp_path / "rows.toml"
+    preset.write_text(TWO_ROWS)
+    out = tmp_path / "out"
+    assert main(["bench", str(preset), "--out", str(out / "rows"), "--runs-dir", str(tmp_path / "old-runs"),
+                 "--quiet"]) == 0
+    (saved,) = json.loads((out / "rows" / "summaries.json").read_text())["large"]
+    preset.write_text(TWO_ROWS + '[[runs]]\nlabel = "small"\nmethod = "allsmall"\n')
+    fresh = tmp_path / "runs"
+    assert main(["bench", "suite", str(preset), "--time-budget", "300", "--out", str(out), "--runs-dir", str(fresh),
+                 "--reuse-saved", "--quiet"]) == 0
+    assert [p.name.split("-")[0] for p in fresh.glob("*-s0")] == ["allsmall"]  # the saved row is not trained again
+    summaries = json.loads((out / "rows" / "summaries.json").read_text())
+    assert summaries["large"] == [saved] and summaries["small"][0]["rounds"] == 1
+    assert "runs finished in this call: 1;" in capsys.readouterr().out

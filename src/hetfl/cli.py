@@ -239,14 +239,15 @@ def cmd_data_fetch(args) -> int:
 def cmd_bench_suite(args, seeds: list[int] | None) -> int:
     from .bench.suite import run_suite
 
-    if args.report_only or args.reuse_saved:
-        raise HetflError("bench suite: --report-only and --reuse-saved are options of hetfl bench PRESET; the suite "
-                         "writes the table of every preset whose runs are all finished")
+    if args.report_only:
+        raise HetflError("bench suite: --report-only is an option of hetfl bench PRESET; the suite writes the table "
+                         "of every preset whose runs are all finished")
     if args.time_budget is None:
         raise HetflError("bench suite: --time-budget SECONDS is required (the device time to spend)")
     result = run_suite(args.more_presets, time_budget=args.time_budget,
                        workers=1 if args.workers is None else args.workers, device=args.device, out=args.out,
-                       runs_dir=args.runs_dir, rounds=args.rounds, seeds=seeds, progress=not args.quiet)
+                       runs_dir=args.runs_dir, rounds=args.rounds, seeds=seeds, progress=not args.quiet,
+                       reuse_saved=args.reuse_saved)
     return result["exit_code"]
 
 
@@ -485,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "finished-runs.json: an interim table of an unfinished bench, naming the runs it lacks")
     bench.add_argument("--reuse-saved", action="store_true", help="take a run from the summaries.json or "
                        "finished-runs.json in --out when it holds the same run (folder name: method, hash of the "
-                       "run's values, seed) instead of training it again; only for a table made by the current code")
+                       "run's values, seed) instead of training it again (suite: in each preset's folder of --out); only for a "
+                       "table made by the current code")
     bench.set_defaults(fn=cmd_bench)
 
     costs = sub.add_parser("costs", help="params, MACs, bytes, training memory and latency of sub-models",

@@ -28,6 +28,11 @@ suite process is gone stops itself then, by an alarm). A stopped run keeps its l
 survive ``kill -9``) and its lock goes with its process. Then each preset whose runs are all finished gets its
 table, as ``hetfl bench PRESET`` writes it (every run taken from ``finished-runs.json``: nothing is trained
 after the budget); the others say how many runs they lack.
+
+**What counts as finished.** A run whose folder under the runs folder holds its summary; with ``--reuse-saved``
+also a run that a preset's results folder already holds (its ``summaries.json`` or ``finished-runs.json``, by
+run folder name, as ``hetfl bench PRESET --reuse-saved`` takes them). A lease on a fresh machine then trains
+only the rows a committed table lacks (``--out docs/results --reuse-saved``), never its finished runs again.
 """
 
 from __future__ import annotations
@@ -48,8 +53,8 @@ from statistics import mean
 from ..config import Config
 from ..errors import HetflError
 from ..rundir import read_jsonl
-from .runner import (FINISHED, _named_configs, _record_finished, finished_run, load_preset, read_finished, run_bench,
-                     run_lock, run_one)
+from .runner import (FINISHED, _named_configs, _record_finished, _saved_by_run_name, at_target, finished_run,
+                     load_preset, read_finished, run_bench, run_lock, run_one)
 
 ESTIMATE_MARGIN = 1.2  # estimates come from other seeds, other loads, other thread counts
 START_SECONDS = 5.0  # a run's set-up outside its timed rounds: data, model, first kernels
@@ -186,10 +191,21 @@ def _finished(jobs: list[Job], runs_root: Path, known: dict[str, dict]) -> dict[
     return known
 
 
+def _saved(suite: list[PresetRuns], jobs: list[Job]) -> dict[str, dict]:
+    """The summaries of the jobs' runs that the presets' results folders hold (summaries.json, then
+    ``FINISHED``), by run folder name, their rounds to target re-read at each run's target."""
+    saved: dict[str, dict] = {}
+    for p in suite:
+        saved.update(_saved_by_run_name(p.out_dir / "summaries.json"))
+        saved.update(_saved_by_run_name(p.out_dir / FINISHED))
+    return {job.cfg.name: at_target(saved[job.cfg.name], job.cfg) for job in jobs if job.cfg.name in saved}
+
+
 def _work(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, threads: int, progress: bool,
-          worker: int) -> None:
-    """A worker process: trains every run of ``todo`` it can claim whose estimate (from all the suite's ``jobs``)
-    fits before ``stop_at`` (time.monotonic, one clock for every process of the machine)."""
+          worker: int, known: dict[str, dict]) -> None:
+    """A worker process: trains every run of ``todo`` it can claim whose estimate (from all the suite's ``jobs``
+    and the runs ``known`` finished) fits before ``stop_at`` (time.monotonic, one clock for every process of the
+    machine)."""
     import torch
 
     # SIGTERM ends the worker as an exit would (locks released, its semaphores unregistered) at the next
@@ -199,7 +215,6 @@ def _work(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, thr
     signal.setitimer(signal.ITIMER_REAL, max(stop_at + TERM_GRACE - time.monotonic(), 0.01))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the suite process, which stops the workers
     torch.set_num_threads(threads)
-    known: dict[str, dict] = {}
     deferred: list[Job] = []  # runs that cannot finish in time but can reach their next checkpoint: after the others
     for partial, runs in ((False, todo), (True, deferred)):
         for job in runs:
@@ -242,7 +257,7 @@ def _train_if_it_fits(job: Job, jobs: list[Job], runs_root: Path, stop_at: float
 
 
 def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, workers: int,
-                 progress: bool) -> list[int]:
+                 progress: bool, known: dict[str, dict]) -> list[int]:
     """Start the worker processes on ``todo`` and stop them by ``stop_at`` (SIGTERM, then SIGKILL); returns their
     exit codes."""
     cuda = any(_device_type(j.cfg.device) == "cuda" for j in todo)
@@ -250,7 +265,7 @@ def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: flo
     # twelve `hetfl bench reefl-20ng --device cuda` processes of docs/benchmarks.md ran)
     threads = 1 if cuda else max(1, len(os.sched_getaffinity(0)) // workers)
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or torch threads
-    procs = [ctx.Process(target=_work, args=(todo, jobs, runs_root, stop_at, threads, progress, i + 1))
+    procs = [ctx.Process(target=_work, args=(todo, jobs, runs_root, stop_at, threads, progress, i + 1, known))
              for i in range(min(workers, len(todo)))]  # a worker more than the runs would only start and stop
     try:
         for p in procs:
@@ -273,10 +288,11 @@ def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: flo
 
 def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: str | None = None,
               out: str | None = None, runs_dir: str | None = None, rounds: int | None = None,
-              seeds: list[int] | None = None, progress: bool = True) -> dict:
-    """Train what fits of the presets' runs within ``time_budget`` seconds and write the finished presets' tables;
-    returns counts: finished (this call), left, estimated_seconds_left, unestimated (runs left without an
-    estimate), tables (the tables written) and exit_code (1 if a worker failed)."""
+              seeds: list[int] | None = None, progress: bool = True, reuse_saved: bool = False) -> dict:
+    """Train what fits of the presets' runs within ``time_budget`` seconds and write the finished presets' tables
+    (``reuse_saved``: the runs their results folders already hold count as finished); returns counts: finished
+    (this call), left, estimated_seconds_left, unestimated (runs left without an estimate), tables (the tables
+    written) and exit_code (1 if a worker failed)."""
     started = time.monotonic()
     import torch  # noqa: F401  (now, inside the budget's clock: the estimates read checkpoints with it)
 
@@ -296,13 +312,13 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     suite = load_suite(presets, out, runs_root, overrides, seeds)
     jobs = suite_jobs(suite)
 
-    known = _finished(jobs, runs_root, {})
+    known = _finished(jobs, runs_root, _saved(suite, jobs) if reuse_saved else {})
     before = set(known)
     stop_at = started + time_budget - stop_margin(time_budget)
     # only runs that may fit now: a suite with nothing to do starts no process
     todo = [j for j in jobs if j.cfg.name not in known and may_start(j, jobs, known, runs_root,
                                                                          stop_at - time.monotonic())]
-    codes = _run_workers(todo, jobs, runs_root, stop_at, workers, progress) if todo else []
+    codes = _run_workers(todo, jobs, runs_root, stop_at, workers, progress, known) if todo else []
     print(f"[suite] {'workers stopped' if todo else 'no run to start'} after {time.monotonic() - started:.1f} s "
           f"of the {time_budget:g} s budget", flush=True)
 
