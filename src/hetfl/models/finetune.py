@@ -2,8 +2,8 @@
 
 * ``full``   - every backbone tensor trains (and travels).
 * ``frozen`` - the backbone is frozen; only exits (and a method's own modules, e.g. Ree) train.
-* ``lora``   - LoRA (Hu et al., 2022) on the query and value projections, through ``peft``;
-  rank r, alpha = 2r (ReeFL Appendix A: r 32, alpha 64).
+* ``lora``   - LoRA (Hu et al., 2022) on the query and value projections (``LoraLinear``, peft's LoRA
+  reproduced bit for bit with torch alone); rank r, alpha = 2r (ReeFL Appendix A: r 32, alpha 64).
 * ``pa``     - parallel adapters (He et al., 2022): a bottleneck reading a sublayer's input, added
   to its output, beside every attention and feed-forward sublayer.
 * ``sa``     - serial adapters (Houlsby et al., 2019): a bottleneck on a sublayer's output, added
@@ -18,6 +18,8 @@ zero), so round 0 runs the pretrained function; their other weights are seeded b
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -37,6 +39,31 @@ class Bottleneck(nn.Module):
 
     def forward(self, x):
         return self.up(nn.functional.gelu(self.down(x)))
+
+
+class LoraLinear(nn.Module):
+    """LoRA around a frozen Linear: base(x) + B(A(x)) * alpha / r (Hu et al., 2022, Eq. 3), B zero at start.
+
+    It is peft's LoRA layer (``inject_adapter_in_model`` with dropout 0) with torch alone, so that a machine without
+    peft (a lent accelerator's image) trains the same model: the same tensor names (``base_layer``,
+    ``lora_A.default``, ``lora_B.default``), the same draws from the global generator (A and B made as Linears,
+    then A drawn again, Kaiming-uniform with a = sqrt(5)) and the same forward (``tests/test_text.py`` checks all
+    three against peft).
+    """
+
+    ADAPTER = "default"  # peft's adapter name, part of every LoRA tensor's name
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float):
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = nn.ModuleDict({self.ADAPTER: nn.Linear(base.in_features, rank, bias=False)})
+        self.lora_B = nn.ModuleDict({self.ADAPTER: nn.Linear(rank, base.out_features, bias=False)})
+        nn.init.kaiming_uniform_(self.lora_A[self.ADAPTER].weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B[self.ADAPTER].weight)
+        self.scaling = alpha / rank
+
+    def forward(self, x):
+        return self.base_layer(x) + self.lora_B[self.ADAPTER](self.lora_A[self.ADAPTER](x)) * self.scaling
 
 
 class ScaleShift(nn.Module):
@@ -73,11 +100,9 @@ def apply_finetune(backbone: list[nn.Module], blocks: list[nn.Module], mode: str
     for module in backbone:
         module.requires_grad_(False)
     if mode == "lora":
-        from peft import LoraConfig, inject_adapter_in_model  # imported only for a LoRA model
-
-        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["query", "value"], lora_dropout=0.0)
         for block in blocks:
-            inject_adapter_in_model(config, block)
+            for name in ("query", "value"):  # in this order: the generator's draws follow it
+                setattr(block, name, LoraLinear(getattr(block, name), rank, alpha=2 * rank))
     elif mode in ("pa", "sa"):
         for block in blocks:
             block.add_adapters(rank, parallel=mode == "pa")

