@@ -2,6 +2,7 @@
 token-id cache. All on a 2-layer BERT the tests save in MiniLM's format (no large download)."""
 
 import hashlib
+import json
 import sys
 
 import pytest
@@ -81,6 +82,15 @@ def test_a_damaged_weights_file_is_refused_in_one_line(tiny_bert, tmp_path):
     from hetfl.errors import HetflError
     from hetfl.models.safetensors_file import read_safetensors
 
+    from hetfl.models.minilm import load_pretrained
+
+    config = json.loads((tiny_bert / "config.json").read_text())
+    folder = tmp_path / "no-width"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes((tiny_bert / "model.safetensors").read_bytes())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "hidden_size"}))
+    with pytest.raises(HetflError, match="lacks hidden_size: not a BERT encoder's config"):
+        load_pretrained(str(folder))
     data = (tiny_bert / "model.safetensors").read_bytes()
     for broken in (data[:4], data[:-8], b"\xff" * 8 + data[8:]):
         (tmp_path / "w.safetensors").write_bytes(broken)
