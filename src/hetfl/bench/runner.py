@@ -262,8 +262,7 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
         results = saved_results(out_dir / "summaries.json", configs,
                                 _saved_by_run_name(out_dir / FINISHED) if reuse_saved else None)
     else:
-        saved = {**_saved_by_run_name(out_dir / "summaries.json"),
-                 **_saved_by_run_name(out_dir / FINISHED)} if reuse_saved else {}
+        saved = saved_runs(out_dir) if reuse_saved else {}
         results = _train(name, configs, runs_root, progress, saved,
                          lambda cfg, summary: _record_finished(out_dir / FINISHED, runs_root, cfg, summary))
         if seeds:
@@ -394,6 +393,11 @@ def read_finished(path: Path) -> dict[str, dict]:
     if not isinstance(saved, dict) or not all(isinstance(s, dict) for s in saved.values()):
         raise HetflError(f"{path} is not a table of finished runs' summaries; delete it to train its runs again")
     return saved
+
+
+def saved_runs(out_dir: Path) -> dict[str, dict]:
+    """The runs a bench's results folder holds (summaries.json, then ``FINISHED``), by run folder name."""
+    return {**_saved_by_run_name(out_dir / "summaries.json"), **_saved_by_run_name(out_dir / FINISHED)}
 
 
 def _saved_by_run_name(path: Path) -> dict[str, dict]:

@@ -53,8 +53,8 @@ from statistics import mean
 from ..config import Config
 from ..errors import HetflError
 from ..rundir import read_jsonl
-from .runner import (FINISHED, _named_configs, _record_finished, _saved_by_run_name, at_target, finished_run,
-                     load_preset, read_finished, run_bench, run_lock, run_one)
+from .runner import (FINISHED, _named_configs, _record_finished, at_target, finished_run, load_preset, read_finished,
+                     run_bench, run_lock, run_one, saved_runs)
 
 ESTIMATE_MARGIN = 1.2  # estimates come from other seeds, other loads, other thread counts
 START_SECONDS = 5.0  # a run's set-up outside its timed rounds: data, model, first kernels
@@ -196,8 +196,7 @@ def _saved(suite: list[PresetRuns], jobs: list[Job]) -> dict[str, dict]:
     ``FINISHED``), by run folder name, their rounds to target re-read at each run's target."""
     saved: dict[str, dict] = {}
     for p in suite:
-        saved.update(_saved_by_run_name(p.out_dir / "summaries.json"))
-        saved.update(_saved_by_run_name(p.out_dir / FINISHED))
+        saved.update(saved_runs(p.out_dir))
     return {job.cfg.name: at_target(saved[job.cfg.name], job.cfg) for job in jobs if job.cfg.name in saved}
 
 

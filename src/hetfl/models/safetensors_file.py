@@ -10,6 +10,7 @@ accelerator's bare image), and gives the same tensors bit for bit (``tests/test_
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -37,9 +38,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
             if name == "__metadata__":
                 continue
             dtype, shape, (begin, end) = DTYPES[entry["dtype"]], entry["shape"], entry["data_offsets"]
-            count = 1
-            for s in shape:
-                count *= s
+            count = math.prod(shape)
             if not 0 <= begin <= end <= len(body) or end - begin != count * dtype.itemsize:
                 raise ValueError(f"{name}: offsets {begin}..{end} do not hold {shape} of {entry['dtype']}")
             flat = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype) if count else torch.empty(0, dtype=dtype)
