@@ -10,7 +10,9 @@ smallest evaluated round T from which every horizon T' >= T the curve reaches ha
 threshold (1 point). A horizon read this way holds for the learning-rate schedule the pilot ran; a schedule that
 depends on the horizon (cosine, step) would need its own pilot at that horizon.
 
-``--json`` writes the curves and readings (small: the committed record of the pilot).
+``--json`` writes the curves and readings (small: the committed record of the pilot, in docs/results/pilots, where
+``hetfl bench`` reads it for the "Horizon" section of every table whose rows it ran); ``--device`` says in words what
+the pilot ran on.
 """
 
 from __future__ import annotations
@@ -61,9 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--threshold", type=float, default=THRESHOLD)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--device", default="cpu", help="what the pilot ran on, in words (the tables quote it)")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    record: dict = {"rounds": args.rounds, "seeds": seeds, "threshold": args.threshold, "presets": {}}
+    record: dict = {"rounds": args.rounds, "seeds": seeds, "threshold": args.threshold, "device": args.device,
+                    "presets": {}}
     for p in load_suite(args.presets, None, args.runs_dir, {"rounds": args.rounds}, seeds):
         print(f"\n## {p.name} (pilot: {args.rounds} rounds, seeds {args.seeds})\n")
         print("| row | seed | last round | accuracy | last-third gain | plateau round | train s |")

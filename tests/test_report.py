@@ -347,3 +347,58 @@ def test_the_report_says_which_devices_its_runs_computed_on():
     assert devices_note({"A": [on(None), on("cpu")]}) == ""  # a summary without the field is a CPU run's
     note = devices_note({"A": [on("cuda"), on("cuda")], "B": [on(None)]})
     assert note.startswith("Runs computed on cpu (1), cuda (2): ")
+
+
+def curved(points, rounds=30, wall=None, device=None):
+    """A run summary with a learning curve (round, accuracy), its rounds, wall seconds and device."""
+    return {"curve": points, "rounds": rounds, "wall_seconds": wall, **({"device": device} if device else {})}
+
+
+def test_the_horizon_section_names_the_rows_still_gaining_by_their_mean_over_seeds():
+    from hetfl.report import horizon_section, row_late_gains
+
+    results = {"flat": [curved([(10, 0.5), (20, 0.8), (30, 0.805)]), curved([(10, 0.5), (20, 0.8), (30, 0.81)])],
+               # one seed gains 3 points, the other 0: mean 1.5, still gaining
+               "rising": [curved([(10, 0.5), (20, 0.7), (30, 0.73)]), curved([(10, 0.5), (20, 0.7), (30, 0.70)])]}
+    gains = row_late_gains(results)
+    assert gains == {"flat": pytest.approx(0.0075), "rising": pytest.approx(0.015)}
+    section = horizon_section(results)
+    assert "1 of 2 rows still gain" in section and "rising +1.50" in section and "flat" not in section
+    assert "No pilot" in section
+    plateaued = horizon_section({"flat": results["flat"]})
+    assert "every row has plateaued" in plateaued and "(largest: +0.75)" in plateaued
+    assert horizon_section({"no curve": [curved([(30, 0.9)])]}) == ""  # no evaluation in the first two thirds
+
+
+def test_the_horizon_section_costs_each_row_at_its_pilot_plateau_round_from_this_table_wall_times():
+    from hetfl.report import horizon_section
+
+    results = {"slow": [curved([(10, 0.5), (20, 0.7), (30, 0.75)], wall=3600.0, device="cpu")] * 3,  # 120 s a round
+               "cut": [curved([(10, 0.5), (20, 0.7), (30, 0.75)], wall=360.0)] * 3,  # 12 s a round
+               "unpiloted": [curved([(10, 0.5), (20, 0.7), (30, 0.75)], wall=30.0)]}
+    pilot = {"file": "pilots/p.json", "device": "an accelerator", "rounds": 150,
+             "rows": [{"label": "slow", "seed": 0, "last_round": 150, "plateau_round": 90},
+                      {"label": "slow", "seed": 1, "last_round": 150, "plateau_round": 120},  # the later one counts
+                      {"label": "cut", "seed": 0, "last_round": 60, "plateau_round": None}]}
+    section = horizon_section(results, [pilot])
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in section.splitlines() if line.startswith("| ") and not line.startswith("| row")}
+    assert rows["slow"] == ["+5.00", "pilots/p.json (seeds 0, 1)", "150 of 150", "120", "120.0 (cpu)", "12.0"]
+    assert rows["cut"] == ["+5.00", "pilots/p.json (seeds 0)", "60 of 150", "not by 60", "12.0 (cpu)", "> 0.6"]
+    assert rows["unpiloted"][1:] == ["none", "-", "-", "1.0 (cpu)", "-"]
+    assert "Together: > 12.6 wall hours" in section and "an accelerator (pilots/p.json)" in section
+
+
+def test_a_bench_table_reads_the_pilots_beside_its_results_folder(tmp_path):
+    from hetfl.bench.runner import pilots_of
+
+    pilots = tmp_path / "pilots"
+    pilots.mkdir()
+    row = {"label": "A", "seed": 0, "last_round": 90, "plateau_round": 60}
+    (pilots / "long.json").write_text(json.dumps({"rounds": 90, "device": "gpu", "presets": {"p": [row]}}))
+    (pilots / "other.json").write_text(json.dumps({"rounds": 90, "presets": {"q": [row]}}))
+    assert pilots_of("p", pilots) == [{"file": "pilots/long.json", "device": "gpu", "rounds": 90, "rows": [row]}]
+    assert pilots_of("p", tmp_path / "absent") == []
+    (pilots / "broken.json").write_text("{")
+    with pytest.raises(HetflError, match="broken.json is not JSON"):
+        pilots_of("p", pilots)

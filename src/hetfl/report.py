@@ -133,6 +133,89 @@ def late_gain(curve: list, rounds: int) -> float | None:
     return curve[-1][1] - early[-1] if early and curve else None
 
 
+def row_late_gains(results: dict[str, list[dict]]) -> dict[str, float]:
+    """Each row's last-third gain, the mean over the seeds that have one (rows without a curve left out): the
+    plateau criterion of a table (issue 36: a row has plateaued when this is under ``PLATEAU_GAIN``)."""
+    gains = {label: [g for g in metric_values(runs, "late_gain") if g is not None] for label, runs in results.items()}
+    return {label: statistics.fmean(g) for label, g in gains.items() if g}
+
+
+def _seconds_per_round(runs: list[dict]) -> float | None:
+    """Wall seconds per round of a row, mean over its seeds (None without a measured wall time)."""
+    rates = [s["wall_seconds"] / s["rounds"] for s in runs if s.get("wall_seconds") and s.get("rounds")]
+    return statistics.fmean(rates) if rates else None
+
+
+def _pilot_row(pilots: list[dict], label: str) -> tuple[dict, dict] | None:
+    """The longest pilot that ran ``label`` and its reading over the seeds it ran: the seeds, the last round all
+    reached, and the latest plateau round (None where a seed had not plateaued by its last round)."""
+    ran = [(p, [r for r in p["rows"] if r["label"] == label]) for p in pilots]
+    ran = [(p, rows) for p, rows in ran if rows]
+    if not ran:
+        return None
+    pilot, rows = max(ran, key=lambda pr: min(r["last_round"] for r in pr[1]))
+    plateaus = [r["plateau_round"] for r in rows]
+    return pilot, {"seeds": ", ".join(str(r["seed"]) for r in rows), "last_round": min(r["last_round"] for r in rows),
+                   "plateau_round": None if None in plateaus else max(plateaus)}
+
+
+def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = None) -> str:
+    """Which rows have not plateaued, and where a pilot says they would, at what cost measured here.
+
+    ``pilots``: the pilot records (``scripts/plateau.py --json``) of this preset: each a dict with ``file``,
+    ``device``, ``rounds`` and ``rows`` (``label``, ``seed``, ``last_round``, ``plateau_round``). The cost of a
+    row at its pilot's plateau round is this table's own wall seconds per round (mean over seeds, on the
+    device its runs computed on) times that round times the table's seeds; where the pilot did not plateau by
+    its last round, the cost at that round is a lower bound ("> ")."""
+    gains = row_late_gains(results)
+    if not gains:
+        return ""
+    horizons = sorted({s["rounds"] for runs in results.values() for s in runs if s.get("rounds")})
+    at = f"{horizons[0]}" if len(horizons) == 1 else f"{horizons[0]}-{horizons[-1]}"
+    gaining = {label: g for label, g in gains.items() if g >= PLATEAU_GAIN}
+    if not gaining:
+        return (f"## Horizon\n\nAt {at} rounds every row has plateaued: its last-third gain, mean over seeds, is "
+                f"under {100 * PLATEAU_GAIN:g} point (largest: {100 * max(gains.values()):+.2f}).")
+    parts = [f"At {at} rounds {len(gaining)} of {len(gains)} rows still gain {100 * PLATEAU_GAIN:g} point or more "
+             "over their last third (mean over seeds), so the verdicts on them measure the horizon as well as the "
+             "methods: " + ", ".join(f"{label} {100 * g:+.2f}" for label, g in gaining.items()) + "."]
+    rows, total, lower_bound, used = [], 0.0, False, {}
+    for label, g in gaining.items():
+        runs = results[label]
+        rate = _seconds_per_round(runs)
+        here = "-" if rate is None else f"{rate:.1f} ({'/'.join(sorted({s.get('device', 'cpu') for s in runs}))})"
+        found = _pilot_row(pilots or [], label)
+        if found is None:
+            rows.append([label, f"{100 * g:+.2f}", "none", "-", "-", here, "-"])
+            continue
+        pilot, row = found
+        used[pilot["file"]] = pilot
+        horizon = row["plateau_round"] or row["last_round"]
+        bound = "" if row["plateau_round"] else "> "
+        hours = None if rate is None else rate * horizon * len(runs) / 3600
+        if hours is not None:
+            total += hours
+            lower_bound |= bool(bound)
+        rows.append([label, f"{100 * g:+.2f}", f"{pilot['file']} (seeds {row['seeds']})",
+                     f"{row['last_round']} of {pilot['rounds']}",
+                     str(row["plateau_round"]) if row["plateau_round"] else f"not by {row['last_round']}", here,
+                     "-" if hours is None else f"{bound}{hours:.1f}"])
+    if not used:
+        parts.append("No pilot at a longer horizon has run these rows yet (`scripts/plateau.py`).")
+        return "## Horizon\n\n" + "\n\n".join(parts)
+    parts.append("Where a pilot at a longer horizon says they plateau: the first round from which every longer "
+                 "horizon it reached gains under a point over its last third (`scripts/plateau.py`; it holds for the "
+                 "learning-rate schedule the pilot ran). The pilots ran on "
+                 + "; ".join(f"{p['device']} ({name})" for name, p in used.items()) + ". The cost of a row there is "
+                 "this table's wall seconds per round (mean over seeds, on the device its runs computed on) times "
+                 "the plateau round times this table's seeds; a row the pilot left short of a plateau costs more "
+                 "(\"> \").")
+    parts.append(format_table(["row", "last-third gain (pp)", "pilot", "pilot's rounds", "plateau round",
+                               "s / round here", "wall hours at the plateau"], rows, markdown=True))
+    parts.append(f"Together: {'> ' if lower_bound else ''}{total:.1f} wall hours, for the rows a pilot ran.")
+    return "## Horizon\n\n" + "\n\n".join(parts)
+
+
 def metric_values(runs: list[dict], metric: str) -> list[float | None]:
     """One value of ``metric`` per seed, None where it is undefined: no seed is ever left out."""
     return [metric_value(s, metric) for s in runs]
@@ -415,9 +498,11 @@ CLAIM_RULE = (
 
 
 def bench_report(preset: dict, results: dict[str, list[dict]], command: str, models: bool = False,
-                 costs: dict | None = None, missing: list[tuple[str, int]] | None = None) -> str:
-    """The Markdown report of a bench: description, main table, models table, claims, how to regenerate;
-    ``missing``, the (label, seed)s not run yet, makes it an interim table that says which."""
+                 costs: dict | None = None, missing: list[tuple[str, int]] | None = None,
+                 pilots: list[dict] | None = None) -> str:
+    """The Markdown report of a bench: description, main table, models table, claims, diagnosis, horizon (with
+    ``pilots``, see ``horizon_section``), how to regenerate; ``missing``, the (label, seed)s not run yet, makes it
+    an interim table that says which."""
     seeds = sorted({s["seed"] for runs in results.values() for s in runs})
     parts = [f"# {preset.get('title', 'bench')}", preset.get("description", "").strip(),
              interim_note(missing, sum(map(len, results.values()))), "## Global model", bench_table(results)]
@@ -430,6 +515,7 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
                                                     rows, markdown=True), CLAIM_RULE]
     if preset.get("diagnosis"):
         parts += ["## Diagnosis of the claims that fail", preset["diagnosis"].strip()]
+    parts.append(horizon_section(results, pilots))
     parts.append(f"Accuracy in % on the test set, mean ± std over seeds {seeds}; a cell marked (k/n) averages "
                  "the k of n seeds where the value is defined. \"accuracy\" is the method's own prediction (the "
                  "last exit, or the ensemble = mean of the exits' logits); \"best round\" is the round of the best "

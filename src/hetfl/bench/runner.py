@@ -50,6 +50,7 @@ from ..report import as_list, bench_report, rounds_to_target
 from ..rundir import RunDirBusy, atomic_write_text
 from ..sim import Simulation
 
+PILOTS = "pilots"  # beside the presets' results folders: the pilots at long horizons (scripts/plateau.py)
 PRESET_KEYS = {"title", "description", "seeds", "base", "runs", "report", "claims", "diagnosis"}
 
 
@@ -288,10 +289,26 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     command = " ".join([f"hetfl bench {name_or_path}", *([f"--out {out}"] if out else []), *seeds_flag,
                         *(f"--{k} {v}" for k, v in (overrides or {}).items())])
     report = bench_report(preset, results, command, models=options.get("models", False) or costs is not None,
-                          costs=costs, missing=missing)
+                          costs=costs, missing=missing, pilots=pilots_of(name, out_dir.parent / PILOTS))
     atomic_write_text(out_dir / "table.md", report)
     print(report)
     return out_dir
+
+
+def pilots_of(name: str, folder: Path) -> list[dict]:
+    """The pilots of preset ``name`` recorded in ``folder`` (``scripts/plateau.py --json``: the folder beside
+    the preset's results folder, docs/results/pilots for docs/results/PRESET), each with its file's name, its
+    device, its rounds and the rows it ran of this preset."""
+    pilots = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = json.loads(read_text_file(path, f"pilot record {path}"))
+        except ValueError as e:
+            raise HetflError(f"pilot record {path} is not JSON ({e}); rewrite it with scripts/plateau.py --json") from None
+        if record.get("presets", {}).get(name):
+            pilots.append({"file": f"{PILOTS}/{path.name}", "device": record.get("device", "cpu"),
+                           "rounds": record["rounds"], "rows": record["presets"][name]})
+    return pilots
 
 
 def _named_configs(preset: dict, overrides: dict, seeds: list[int] | None,
