@@ -1,6 +1,7 @@
 """Where a preset's runs plateau, read from pilot runs at a long horizon (issue 36: horizons from the criterion).
 
     .venv/bin/python scripts/plateau.py RUNS_DIR PRESET... [--rounds 150] [--seeds 0] [--json OUT.json]
+    .venv/bin/python scripts/plateau.py --table docs/results/LONGER PRESET... [--json OUT.json]
 
 RUNS_DIR holds the pilot's run folders (``hetfl bench suite PRESET... --rounds 150 --seeds 0 --runs-dir RUNS_DIR``),
 finished or not: each run's headline-accuracy curve is read from its metrics.jsonl, so a run the time budget cut
@@ -9,6 +10,9 @@ last-third gain at that horizon (``report.late_gain``, the tables' criterion) an
 smallest evaluated round T from which every horizon T' >= T the curve reaches has a last-third gain under the
 threshold (1 point). A horizon read this way holds for the learning-rate schedule the pilot ran; a schedule that
 depends on the horizon (cosine, step) would need its own pilot at that horizon.
+
+With ``--table``, the pilot is a committed table at a longer horizon (its summaries.json keeps every run's curve),
+filed under the PRESETs whose rows it reran (same labels): ``depthfl-20ng-600-fedavg`` for ``depthfl-20ng-300``.
 
 ``--json`` writes the curves and readings (small: the committed record of the pilot, in docs/results/pilots, where
 ``hetfl bench`` reads it for the "Horizon" section of every table whose rows it ran); ``--device`` says in words what
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from hetfl.bench.suite import load_suite
@@ -55,38 +60,64 @@ def plateau_round(curve: list[tuple[int, float]], threshold: float = THRESHOLD) 
     return found
 
 
+def reading(label: str, seed: int, run: str, curve: list, seconds: float, threshold: float) -> dict:
+    """What a pilot says of one run: its last evaluated round, last-third gain there and plateau round."""
+    last = curve[-1][0] if curve else 0
+    return {"label": label, "seed": seed, "run": run, "curve": curve, "train_seconds": seconds, "last_round": last,
+            "late_gain": late_gain(curve, last) if curve else None, "plateau_round": plateau_round(curve, threshold)}
+
+
+def pilot_runs(args) -> Iterator[tuple[str, list[tuple[str, int, str, Path | dict]]]]:
+    """(preset, [(label, seed, run name, run folder or saved summary)]) of every preset the pilot ran."""
+    if args.table:
+        summaries = json.loads((args.table / "summaries.json").read_text())
+        for preset in args.presets:
+            yield preset, [(label, s["seed"], Path(s.get("run_dir", "")).name, s)
+                           for label, runs in summaries.items() for s in runs]
+        return
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for p in load_suite(args.presets, None, args.runs_dir, {"rounds": args.rounds}, seeds):
+        yield p.name, [(label, seed, cfg.name, args.runs_dir / cfg.name) for label, seed, cfg in p.configs]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("runs_dir", type=Path)
+    parser.add_argument("runs_dir", type=Path, nargs="?", help="the pilot's run folders (not with --table)")
     parser.add_argument("presets", nargs="+")
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--seeds", default="0")
+    parser.add_argument("--table", type=Path, help="read the curves of a committed results folder instead "
+                                                   "(summaries.json: a longer-horizon table), filed under PRESETS")
     parser.add_argument("--threshold", type=float, default=THRESHOLD)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--device", default="cpu", help="what the pilot ran on, in words (the tables quote it)")
     args = parser.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    record: dict = {"rounds": args.rounds, "seeds": seeds, "threshold": args.threshold, "device": args.device,
-                    "presets": {}}
-    for p in load_suite(args.presets, None, args.runs_dir, {"rounds": args.rounds}, seeds):
-        print(f"\n## {p.name} (pilot: {args.rounds} rounds, seeds {args.seeds})\n")
+    if (args.runs_dir is None) == (args.table is None):
+        parser.error("give either RUNS_DIR or --table")
+    if args.table:  # the table's own horizon and seeds
+        runs = [r for rows in json.loads((args.table / "summaries.json").read_text()).values() for r in rows]
+        args.rounds = max(r["rounds"] for r in runs)
+        args.seeds = ",".join(map(str, sorted({r["seed"] for r in runs})))
+    record: dict = {"rounds": args.rounds, "seeds": [int(s) for s in args.seeds.split(",")],
+                    "threshold": args.threshold, "device": args.device, "presets": {}}
+    for preset, runs in pilot_runs(args):
+        print(f"\n## {preset} (pilot: {args.rounds} rounds, seeds {args.seeds})\n")
         print("| row | seed | last round | accuracy | last-third gain | plateau round | train s |")
         print("|---|---|---|---|---|---|---|")
-        rows = record["presets"][p.name] = []
-        for label, seed, cfg in p.configs:
-            run_dir = args.runs_dir / cfg.name
-            if not (run_dir / "metrics.jsonl").exists():
+        rows = record["presets"][preset] = []
+        for label, seed, run, source in runs:
+            if isinstance(source, dict):
+                curve, seconds = [tuple(p) for p in source["curve"]], source.get("wall_seconds") or 0.0
+            elif (source / "metrics.jsonl").exists():
+                curve, seconds = curve_of(source)
+            else:
                 print(f"| {label} | {seed} | not run | | | | |")
                 continue
-            curve, seconds = curve_of(run_dir)
-            last = curve[-1] if curve else (0, None)
-            gain = late_gain(curve, last[0]) if curve else None
-            plateau = plateau_round(curve, args.threshold)
-            rows.append({"label": label, "seed": seed, "run": cfg.name, "curve": curve, "train_seconds": seconds,
-                         "last_round": last[0], "late_gain": gain, "plateau_round": plateau})
-            cells = [label, seed, last[0], "-" if last[1] is None else f"{100 * last[1]:.2f}",
-                     "-" if gain is None else f"{100 * gain:+.2f}",
-                     plateau if plateau is not None else f"not by {last[0]}", f"{seconds:.0f}"]
+            row = reading(label, seed, run, curve, seconds, args.threshold)
+            rows.append(row)
+            cells = [label, seed, row["last_round"], f"{100 * curve[-1][1]:.2f}" if curve else "-",
+                     "-" if row["late_gain"] is None else f"{100 * row['late_gain']:+.2f}",
+                     row["plateau_round"] or f"not by {row['last_round']}", f"{seconds:.0f}"]
             print("| " + " | ".join(map(str, cells)) + " |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

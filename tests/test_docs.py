@@ -1,5 +1,7 @@
-"""The docs say what the tables say: the generated results index is current, and every relative link resolves."""
+"""The docs say what the tables say: the generated results index is current, and every relative link resolves;
+the pilot records the tables' Horizon sections read (scripts/plateau.py)."""
 
+import json
 import re
 import subprocess
 import sys
@@ -9,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+import plateau  # noqa: E402
 import results_index  # noqa: E402
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "docs" / "results" / "README.md"]
@@ -45,3 +48,28 @@ def test_every_relative_link_resolves(page):
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
         if "://" not in target:
             assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_the_plateau_round_is_the_first_from_which_every_longer_horizon_gains_under_a_point():
+    curve = [(10, 0.50), (20, 0.70), (30, 0.80), (40, 0.805), (50, 0.815), (60, 0.812)]
+    # the last third of horizon 40 starts after round 26.7: 0.805 - 0.70 = 10.5 points; of 50, after 33.3:
+    # 0.815 - 0.80 = 1.5; of 60, after 40: 0.812 - 0.805 = 0.7
+    assert plateau.plateau_round(curve) == 60
+    assert plateau.plateau_round(curve, threshold=0.02) == 50
+    assert plateau.plateau_round([(10, 0.5), (20, 0.6), (30, 0.7)]) is None
+
+
+def test_a_longer_table_becomes_a_pilot_record_that_the_bench_reads(tmp_path):
+    from hetfl.bench.runner import pilots_of
+
+    longer = tmp_path / "longer"
+    longer.mkdir()
+    curve = [[20, 0.5], [40, 0.6], [60, 0.605]]
+    (longer / "summaries.json").write_text(json.dumps({"A": [
+        {"seed": s, "rounds": 60, "curve": curve, "wall_seconds": 6.0, "run_dir": f"runs/a-s{s}"} for s in (0, 1)]}))
+    out = tmp_path / "pilots" / "p.json"
+    assert plateau.main(["--table", str(longer), "short", "--json", str(out), "--device", "a CPU"]) == 0
+    [pilot] = pilots_of("short", out.parent)
+    assert (pilot["device"], pilot["rounds"]) == ("a CPU", 60)
+    assert [(r["seed"], r["run"], r["last_round"], r["plateau_round"]) for r in pilot["rows"]] == \
+        [(0, "a-s0", 60, 60), (1, "a-s1", 60, 60)]
