@@ -3,7 +3,8 @@
 
 For every docs/results/PRESET/table.md: its title, its seeds and runs (summaries.json), how many of its rows had
 not plateaued (a row's last-third gain, the accuracy gained over the last third of the rounds, mean over seeds, of
-a point or more: the table's "Horizon" section), its claims by verdict (the "Claims checked" table) and a link to its diagnosis. The README gets the totals by verdict.
+a point or more: the table's "Horizon" section), its claims by verdict (the "Claims checked" table) and a link to
+its diagnosis. The README gets the totals by verdict.
 Nothing in the generated blocks is typed by hand: edit the tables, then run this.
 """
 
@@ -91,8 +92,9 @@ def totals_block(rows: list[dict]) -> str:
     plateaued = sum(1 for e in curves if not e["gaining"])
     gaining = sum(e["gaining"] for e in curves)
     return (f"{n} claims checked in {tables} tables: {parts}. Of the {len(curves)} tables with learning curves, "
-            f"{plateaued} {'has' if plateaued == 1 else 'have'} plateaued (every row's last-third gain, mean over seeds, under a point); {gaining} of their "
-            f"{sum(e['rows'] for e in curves)} rows still gained a point or more.")
+            f"{plateaued} {'has' if plateaued == 1 else 'have'} plateaued (every row's last-third gain, mean over "
+            f"seeds, under a point); {gaining} of their {sum(e['rows'] for e in curves)} rows still gained a point "
+            "or more.")
 
 
 def replaced(text: str, begin: str, end: str, block: str, path: Path) -> str:

@@ -304,7 +304,8 @@ def pilots_of(name: str, folder: Path) -> list[dict]:
         try:
             record = json.loads(read_text_file(path, f"pilot record {path}"))
         except ValueError as e:
-            raise HetflError(f"pilot record {path} is not JSON ({e}); rewrite it with scripts/plateau.py --json") from None
+            raise HetflError(f"pilot record {path} is not JSON ({e}); rewrite it with scripts/plateau.py --json") \
+                from None
         if record.get("presets", {}).get(name):
             pilots.append({"file": f"{PILOTS}/{path.name}", "device": record.get("device", "cpu"),
                            "rounds": record["rounds"], "rows": record["presets"][name]})
