@@ -1,7 +1,7 @@
 """Where a preset's runs plateau, read from pilot runs at a long horizon (issue 36: horizons from the criterion).
 
     .venv/bin/python scripts/plateau.py RUNS_DIR PRESET... [--rounds 150] [--seeds 0] [--json OUT.json]
-    .venv/bin/python scripts/plateau.py --table docs/results/LONGER PRESET... [--json OUT.json]
+    .venv/bin/python scripts/plateau.py --table docs/results/LONGER --for PRESET... [--json OUT.json]
 
 RUNS_DIR holds the pilot's run folders (``hetfl bench suite PRESET... --rounds 150 --seeds 0 --runs-dir RUNS_DIR``),
 finished or not: each run's headline-accuracy curve is read from its metrics.jsonl, so a run the time budget cut
@@ -11,8 +11,10 @@ smallest evaluated round T from which every horizon T' >= T the curve reaches ha
 threshold (1 point). A horizon read this way holds for the learning-rate schedule the pilot ran; a schedule that
 depends on the horizon (cosine, step) would need its own pilot at that horizon.
 
-With ``--table``, the pilot is a committed table at a longer horizon (its summaries.json keeps every run's curve),
-filed under the PRESETs whose rows it reran (same labels): ``depthfl-20ng-600-fedavg`` for ``depthfl-20ng-300``.
+With ``--table``, the pilot is a committed table at a longer horizon (its summaries.json keeps every run's curve).
+``--for`` files the readings under the presets whose rows the pilot reran (same labels) rather than under the
+presets it ran: ``--table docs/results/depthfl-20ng-600-fedavg --for depthfl-20ng-300``, or
+``runs/bench reefl-r8-frozen-200 --rounds 200 --for reefl-r8-frozen reefl-r8``.
 
 ``--json`` writes the curves and readings (small: the committed record of the pilot, in docs/results/pilots, where
 ``hetfl bench`` reads it for the "Horizon" section of every table whose rows it ran); ``--device`` says in words what
@@ -68,12 +70,12 @@ def reading(label: str, seed: int, run: str, curve: list, seconds: float, thresh
 
 
 def pilot_runs(args) -> Iterator[tuple[str, list[tuple[str, int, str, Path | dict]]]]:
-    """(preset, [(label, seed, run name, run folder or saved summary)]) of every preset the pilot ran."""
+    """(preset, [(label, seed, run name, run folder or saved summary)]) of every preset the pilot ran (a --table:
+    one, named after its folder)."""
     if args.table:
         summaries = json.loads((args.table / "summaries.json").read_text())
-        for preset in args.presets:
-            yield preset, [(label, s["seed"], Path(s.get("run_dir", "")).name, s)
-                           for label, runs in summaries.items() for s in runs]
+        yield args.table.name, [(label, s["seed"], Path(s.get("run_dir", "")).name, s)
+                                for label, runs in summaries.items() for s in runs]
         return
     seeds = [int(s) for s in args.seeds.split(",")]
     for p in load_suite(args.presets, None, args.runs_dir, {"rounds": args.rounds}, seeds):
@@ -83,17 +85,22 @@ def pilot_runs(args) -> Iterator[tuple[str, list[tuple[str, int, str, Path | dic
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs_dir", type=Path, nargs="?", help="the pilot's run folders (not with --table)")
-    parser.add_argument("presets", nargs="+")
+    parser.add_argument("presets", nargs="*", help="the presets the pilot ran (not with --table)")
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--table", type=Path, help="read the curves of a committed results folder instead "
-                                                   "(summaries.json: a longer-horizon table), filed under PRESETS")
+                                                   "(its summaries.json: a table at a longer horizon)")
+    parser.add_argument("--for", dest="targets", nargs="+", metavar="PRESET",
+                        help="file the readings under these presets (rows of the same labels; default: the presets "
+                             "the pilot ran)")
     parser.add_argument("--threshold", type=float, default=THRESHOLD)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--device", default="cpu", help="what the pilot ran on, in words (the tables quote it)")
     args = parser.parse_args(argv)
-    if (args.runs_dir is None) == (args.table is None):
-        parser.error("give either RUNS_DIR or --table")
+    if args.table is None and (args.runs_dir is None or not args.presets):
+        parser.error("give RUNS_DIR and the PRESETs the pilot ran, or --table")
+    if args.table is not None and args.runs_dir is not None:
+        parser.error("--table reads a results folder: give no RUNS_DIR or PRESET with it")
     if args.table:  # the table's own horizon and seeds
         runs = [r for rows in json.loads((args.table / "summaries.json").read_text()).values() for r in rows]
         args.rounds = max(r["rounds"] for r in runs)
@@ -104,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## {preset} (pilot: {args.rounds} rounds, seeds {args.seeds})\n")
         print("| row | seed | last round | accuracy | last-third gain | plateau round | train s |")
         print("|---|---|---|---|---|---|---|")
-        rows = record["presets"][preset] = []
+        rows = []
         for label, seed, run, source in runs:
             if isinstance(source, dict):
                 curve, seconds = [tuple(p) for p in source["curve"]], source.get("wall_seconds") or 0.0
@@ -119,11 +126,12 @@ def main(argv: list[str] | None = None) -> int:
                      "-" if row["late_gain"] is None else f"{100 * row['late_gain']:+.2f}",
                      row["plateau_round"] or f"not by {row['last_round']}", f"{seconds:.0f}"]
             print("| " + " | ".join(map(str, cells)) + " |")
+        for target in args.targets or [preset]:
+            record["presets"].setdefault(target, []).extend(rows)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=1) + "\n")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

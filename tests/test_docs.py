@@ -68,7 +68,7 @@ def test_a_longer_table_becomes_a_pilot_record_that_the_bench_reads(tmp_path):
     (longer / "summaries.json").write_text(json.dumps({"A": [
         {"seed": s, "rounds": 60, "curve": curve, "wall_seconds": 6.0, "run_dir": f"runs/a-s{s}"} for s in (0, 1)]}))
     out = tmp_path / "pilots" / "p.json"
-    assert plateau.main(["--table", str(longer), "short", "--json", str(out), "--device", "a CPU"]) == 0
+    assert plateau.main(["--table", str(longer), "--for", "short", "--json", str(out), "--device", "a CPU"]) == 0
     [pilot] = pilots_of("short", out.parent)
     assert (pilot["device"], pilot["rounds"]) == ("a CPU", 60)
     assert [(r["seed"], r["run"], r["last_round"], r["plateau_round"]) for r in pilot["rows"]] == \
