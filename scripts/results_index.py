@@ -16,6 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from hetfl.bench.runner import FINISHED, _named_configs, load_preset, read_finished, saved_results
 from hetfl.report import PLATEAU_GAIN, row_late_gains
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,11 +46,23 @@ def claims(table: str) -> Counter:
     return Counter(verdict_kind(row.split("|")[2]) for row in rows)
 
 
+def results_of(folder: Path) -> dict[str, list[dict]]:
+    """The runs of a results folder by label: its summaries.json, or the finished runs of an interim table (read
+    as ``hetfl bench PRESET --report-only --reuse-saved`` reads them); empty for a folder without runs."""
+    if (folder / "summaries.json").is_file():
+        return json.loads((folder / "summaries.json").read_text())
+    if not (folder / FINISHED).is_file():
+        return {}
+    _, preset = load_preset(folder.name)
+    configs = _named_configs(preset, {}, None, Path("runs") / "bench")  # run names only: nothing is read there
+    return saved_results(folder / "summaries.json", configs, read_finished(folder / FINISHED))
+
+
 def entry(folder: Path) -> dict:
     """What the index says of one results folder."""
     table = (folder / "table.md").read_text(encoding="utf-8")
     title = table.splitlines()[0].lstrip("# ").strip()
-    summaries = json.loads((folder / "summaries.json").read_text()) if (folder / "summaries.json").is_file() else {}
+    summaries = results_of(folder)
     runs = [s for label in summaries.values() for s in label]
     gains = row_late_gains(summaries)
     return {"preset": folder.name, "title": title, "runs": len(runs),

@@ -367,6 +367,7 @@ def test_the_horizon_section_names_the_rows_still_gaining_by_their_mean_over_see
     assert "No pilot" in section
     plateaued = horizon_section({"flat": results["flat"]})
     assert "every row has plateaued" in plateaued and "(largest: +0.75)" in plateaued
+    assert "every row run so far has plateaued" in horizon_section({"flat": results["flat"]}, interim=True)
     assert horizon_section({"no curve": [curved([(30, 0.9)])]}) == ""  # no evaluation in the first two thirds
 
 
@@ -377,15 +378,16 @@ def test_the_horizon_section_costs_each_row_at_its_pilot_plateau_round_from_this
                "cut": [curved([(10, 0.5), (20, 0.7), (30, 0.75)], wall=360.0)] * 3,  # 12 s a round
                "unpiloted": [curved([(10, 0.5), (20, 0.7), (30, 0.75)], wall=30.0)]}
     pilot = {"file": "pilots/p.json", "device": "an accelerator", "rounds": 150,
-             "rows": [{"label": "slow", "seed": 0, "last_round": 150, "plateau_round": 90},
-                      {"label": "slow", "seed": 1, "last_round": 150, "plateau_round": 120},  # the later one counts
+             "rows": [{"label": "slow", "seed": 0, "last_round": 150, "plateau_round": 90, "train_seconds": 300.0},
+                      {"label": "slow", "seed": 1, "last_round": 150, "plateau_round": 120,  # the later one counts
+                       "train_seconds": 600.0},
                       {"label": "cut", "seed": 0, "last_round": 60, "plateau_round": None}]}
     section = horizon_section(results, [pilot])
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in section.splitlines() if line.startswith("| ") and not line.startswith("| row")}
-    assert rows["slow"] == ["+5.00", "pilots/p.json (seeds 0, 1)", "150 of 150", "120", "120.0 (cpu)", "12.0"]
-    assert rows["cut"] == ["+5.00", "pilots/p.json (seeds 0)", "60 of 150", "not by 60", "12.0 (cpu)", "> 0.6"]
-    assert rows["unpiloted"][1:] == ["none", "-", "-", "1.0 (cpu)", "-"]
+    assert rows["slow"] == ["+5.00", "pilots/p.json (seeds 0, 1)", "150 of 150", "120", "3.0", "120.0 (cpu)", "12.0"]
+    assert rows["cut"] == ["+5.00", "pilots/p.json (seeds 0)", "60 of 150", "not by 60", "-", "12.0 (cpu)", "> 0.6"]
+    assert rows["unpiloted"][1:] == ["none", "-", "-", "-", "1.0 (cpu)", "-"]
     assert "Together: > 12.6 wall hours" in section and "an accelerator (pilots/p.json)" in section
 
 

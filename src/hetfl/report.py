@@ -148,36 +148,41 @@ def _seconds_per_round(runs: list[dict]) -> float | None:
 
 def _pilot_row(pilots: list[dict], label: str) -> tuple[dict, dict] | None:
     """The longest pilot that ran ``label`` and its reading over the seeds it ran: the seeds, the last round all
-    reached, and the latest plateau round (None where a seed had not plateaued by its last round)."""
+    reached, the latest plateau round (None where a seed had not plateaued by its last round) and the pilot's
+    seconds per round (mean over its seeds; None if it kept no time)."""
     ran = [(p, [r for r in p["rows"] if r["label"] == label]) for p in pilots]
     ran = [(p, rows) for p, rows in ran if rows]
     if not ran:
         return None
     pilot, rows = max(ran, key=lambda pr: min(r["last_round"] for r in pr[1]))
     plateaus = [r["plateau_round"] for r in rows]
+    paces = [r["train_seconds"] / r["last_round"] for r in rows if r.get("train_seconds") and r["last_round"]]
     return pilot, {"seeds": ", ".join(str(r["seed"]) for r in rows), "last_round": min(r["last_round"] for r in rows),
-                   "plateau_round": None if None in plateaus else max(plateaus)}
+                   "plateau_round": None if None in plateaus else max(plateaus),
+                   "pace": statistics.fmean(paces) if paces else None}
 
 
-def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = None) -> str:
+def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = None, interim: bool = False) -> str:
     """Which rows have not plateaued, and where a pilot says they would, at what cost measured here.
 
     ``pilots``: the pilot records (``scripts/plateau.py --json``) of this preset: each a dict with ``file``,
     ``device``, ``rounds`` and ``rows`` (``label``, ``seed``, ``last_round``, ``plateau_round``). The cost of a
     row at its pilot's plateau round is this table's own wall seconds per round (mean over seeds, on the
     device its runs computed on) times that round times the table's seeds; where the pilot did not plateau by
-    its last round, the cost at that round is a lower bound ("> ")."""
+    its last round, the cost at that round is a lower bound ("> "). ``interim``: some runs are not finished, and
+    the section speaks of the rows run so far."""
     gains = row_late_gains(results)
     if not gains:
         return ""
     horizons = sorted({s["rounds"] for runs in results.values() for s in runs if s.get("rounds")})
     at = f"{horizons[0]}" if len(horizons) == 1 else f"{horizons[0]}-{horizons[-1]}"
     gaining = {label: g for label, g in gains.items() if g >= PLATEAU_GAIN}
+    so_far = " run so far" if interim else ""
     if not gaining:
-        return (f"## Horizon\n\nAt {at} rounds every row has plateaued: its last-third gain, mean over seeds, is "
-                f"under {100 * PLATEAU_GAIN:g} point (largest: {100 * max(gains.values()):+.2f}).")
-    parts = [f"At {at} rounds {len(gaining)} of {len(gains)} rows still gain {100 * PLATEAU_GAIN:g} point or more "
-             "over their last third (mean over seeds), so the verdicts on them measure the horizon as well as the "
+        return (f"## Horizon\n\nAt {at} rounds every row{so_far} has plateaued: its last-third gain, mean over seeds, "
+                f"is under {100 * PLATEAU_GAIN:g} point (largest: {100 * max(gains.values()):+.2f}).")
+    parts = [f"At {at} rounds {len(gaining)} of {len(gains)} rows{so_far} still gain {100 * PLATEAU_GAIN:g} point or "
+             "more over their last third (mean over seeds), so the verdicts on them measure the horizon as well as the "
              "methods: " + ", ".join(f"{label} {100 * g:+.2f}" for label, g in gaining.items()) + "."]
     rows, total, lower_bound, used = [], 0.0, False, {}
     for label, g in gaining.items():
@@ -186,7 +191,7 @@ def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = 
         here = "-" if rate is None else f"{rate:.1f} ({'/'.join(sorted({s.get('device', 'cpu') for s in runs}))})"
         found = _pilot_row(pilots or [], label)
         if found is None:
-            rows.append([label, f"{100 * g:+.2f}", "none", "-", "-", here, "-"])
+            rows.append([label, f"{100 * g:+.2f}", "none", "-", "-", "-", here, "-"])
             continue
         pilot, row = found
         used[pilot["file"]] = pilot
@@ -198,7 +203,8 @@ def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = 
             lower_bound |= bool(bound)
         rows.append([label, f"{100 * g:+.2f}", f"{pilot['file']} (seeds {row['seeds']})",
                      f"{row['last_round']} of {pilot['rounds']}",
-                     str(row["plateau_round"]) if row["plateau_round"] else f"not by {row['last_round']}", here,
+                     str(row["plateau_round"]) if row["plateau_round"] else f"not by {row['last_round']}",
+                     "-" if row["pace"] is None else f"{row['pace']:.1f}", here,
                      "-" if hours is None else f"{bound}{hours:.1f}"])
     if not used:
         parts.append("No pilot at a longer horizon has run these rows yet (`scripts/plateau.py`).")
@@ -209,9 +215,11 @@ def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = 
                  + "; ".join(f"{p['device']} ({name})" for name, p in used.items()) + ". The cost of a row there is "
                  "this table's wall seconds per round (mean over seeds, on the device its runs computed on) times "
                  "the plateau round times this table's seeds; a row the pilot left short of a plateau costs more "
-                 "(\"> \").")
+                 "(\"> \"). The pilot's own pace (its training seconds per round, on its device, which other "
+                 "runs may have shared) is beside it: wall times compare on one device under one load only.")
     parts.append(format_table(["row", "last-third gain (pp)", "pilot", "pilot's rounds", "plateau round",
-                               "s / round here", "wall hours at the plateau"], rows, markdown=True))
+                               "s / round in the pilot", "s / round here", "wall hours at the plateau"], rows,
+                              markdown=True))
     parts.append(f"Together: {'> ' if lower_bound else ''}{total:.1f} wall hours, for the rows a pilot ran.")
     return "## Horizon\n\n" + "\n\n".join(parts)
 
@@ -515,7 +523,7 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
                                                     rows, markdown=True), CLAIM_RULE]
     if preset.get("diagnosis"):
         parts += ["## Diagnosis of the claims that fail", preset["diagnosis"].strip()]
-    parts.append(horizon_section(results, pilots))
+    parts.append(horizon_section(results, pilots, interim=bool(missing)))
     parts.append(f"Accuracy in % on the test set, mean ± std over seeds {seeds}; a cell marked (k/n) averages "
                  "the k of n seeds where the value is defined. \"accuracy\" is the method's own prediction (the "
                  "last exit, or the ensemble = mean of the exits' logits); \"best round\" is the round of the best "
