@@ -73,9 +73,8 @@ def pilot_runs(args) -> Iterator[tuple[str, list[tuple[str, int, str, Path | dic
     """(preset, [(label, seed, run name, run folder or saved summary)]) of every preset the pilot ran (a --table:
     one, named after its folder)."""
     if args.table:
-        summaries = json.loads((args.table / "summaries.json").read_text())
         yield args.table.name, [(label, s["seed"], Path(s.get("run_dir", "")).name, s)
-                                for label, runs in summaries.items() for s in runs]
+                                for label, runs in args.summaries.items() for s in runs]
         return
     seeds = [int(s) for s in args.seeds.split(",")]
     for p in load_suite(args.presets, None, args.runs_dir, {"rounds": args.rounds}, seeds):
@@ -101,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give RUNS_DIR and the PRESETs the pilot ran, or --table")
     if args.table is not None and args.runs_dir is not None:
         parser.error("--table reads a results folder: give no RUNS_DIR or PRESET with it")
-    if args.table:  # the table's own horizon and seeds
-        runs = [r for rows in json.loads((args.table / "summaries.json").read_text()).values() for r in rows]
+    if args.table:  # the table's runs, its own horizon and seeds
+        args.summaries = json.loads((args.table / "summaries.json").read_text())
+        runs = [r for rows in args.summaries.values() for r in rows]
         args.rounds = max(r["rounds"] for r in runs)
         args.seeds = ",".join(map(str, sorted({r["seed"] for r in runs})))
     record: dict = {"rounds": args.rounds, "seeds": [int(s) for s in args.seeds.split(",")],
