@@ -16,7 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from hetfl.bench.runner import FINISHED, _named_configs, load_preset, read_finished, saved_results
+from hetfl.bench.runner import FINISHED, committed_results, load_preset
 from hetfl.report import PLATEAU_GAIN, row_late_gains
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,9 +53,7 @@ def results_of(folder: Path) -> dict[str, list[dict]]:
         return json.loads((folder / "summaries.json").read_text())
     if not (folder / FINISHED).is_file():
         return {}
-    _, preset = load_preset(folder.name)
-    configs = _named_configs(preset, {}, None, Path("runs") / "bench")  # run names only: nothing is read there
-    return saved_results(folder / "summaries.json", configs, read_finished(folder / FINISHED))
+    return committed_results(folder, load_preset(folder.name)[1])[0]
 
 
 def entry(folder: Path) -> dict:

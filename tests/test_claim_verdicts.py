@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hetfl import report
-from hetfl.bench.runner import FINISHED, _named_configs, _saved_by_run_name, load_preset, saved_results
+from hetfl.bench.runner import FINISHED, committed_results, load_preset
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 PRESET_OF = {"reefl-20ng-cpu": "reefl-20ng"}  # a folder of some of reefl-20ng's runs made on the CPU: no table.md
@@ -76,10 +76,8 @@ def folder_results(folder: Path) -> tuple[dict, dict[str, list[dict]], frozenset
     """Returns (preset, results by label, labels with seeds not run) of a results folder, read as
     ``hetfl bench PRESET --report-only --reuse-saved --out FOLDER`` reads it (runner.run_bench)."""
     _, preset = load_preset(PRESET_OF.get(folder.name, folder.name))
-    configs = _named_configs(preset, {}, None, Path("runs") / "bench")  # names only: nothing is read from there
-    results = saved_results(folder / "summaries.json", configs, _saved_by_run_name(folder / FINISHED))
-    pending = frozenset(label for label, seed, _ in configs if seed not in {s["seed"] for s in results.get(label, [])})
-    return preset, results, pending
+    results, missing = committed_results(folder, preset)
+    return preset, results, frozenset(label for label, _ in missing)
 
 
 def claim_rows(preset: dict, results: dict, pending: frozenset[str], t_pvalue, monkeypatch) -> tuple[list, list]:

@@ -284,8 +284,7 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
                   else ["--reuse-saved"])  # the table also holds saved runs of other seeds
     if reuse_saved and report_only and "--reuse-saved" not in seeds_flag:
         seeds_flag.append("--reuse-saved")  # trains what the interim table lacks, keeping what it has
-    missing = [(label, seed) for label, seed, _ in configs
-               if seed not in {s["seed"] for s in results.get(label, [])}]
+    missing = missing_runs(configs, results)
     command = " ".join([f"hetfl bench {name_or_path}", *([f"--out {out}"] if out else []), *seeds_flag,
                         *(f"--{k} {v}" for k, v in (overrides or {}).items())])
     report = bench_report(preset, results, command, models=options.get("models", False) or costs is not None,
@@ -377,6 +376,19 @@ def saved_results(path: Path, configs: list[tuple[str, int, Config]],
         if (s := saved.get((label, seed)) or (finished or {}).get(cfg.name)) is not None:
             results.setdefault(label, []).append(at_target(s, cfg))
     return results
+
+
+def missing_runs(configs: list[tuple[str, int, Config]], results: dict[str, list[dict]]) -> list[tuple[str, int]]:
+    """The preset's (label, seed)s that ``results`` (by label) has no run of."""
+    return [(label, seed) for label, seed, _ in configs if seed not in {s["seed"] for s in results.get(label, [])}]
+
+
+def committed_results(folder: Path, preset: dict) -> tuple[dict[str, list[dict]], list[tuple[str, int]]]:
+    """(results by label, the (label, seed)s not run yet) of a results folder, read as ``hetfl bench PRESET
+    --report-only --reuse-saved --out FOLDER`` reads them: its summaries.json, then its ``FINISHED``."""
+    configs = _named_configs(preset, {}, None, Path("runs") / "bench")  # run names only: nothing is read there
+    results = saved_results(folder / "summaries.json", configs, _saved_by_run_name(folder / FINISHED))
+    return results, missing_runs(configs, results)
 
 
 FINISHED = "finished-runs.json"  # a results folder's summaries of the runs done so far, by run folder name
