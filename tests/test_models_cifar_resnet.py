@@ -5,6 +5,7 @@ import torch
 
 from hetfl.errors import HetflError
 from hetfl.models import model_family
+from hetfl.models.cifar_resnet import shortcut
 from hetfl.slicing import corner
 
 
@@ -51,3 +52,29 @@ def test_depth_levels_end_at_exits():
     fam = model_family("resnet110", (3, 32, 32), 10)  # exits after blocks 17, 35, 53
     method = DepthFL(Config(levels=3), fam, num_levels=3)
     assert [method.depth_for_level(l) for l in (1, 2, 3)] == [18, 36, 54]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("in_ch", [4, 6, 16])
+def test_strided_shortcut_matches_float64(in_ch, threads):
+    """The 1x1 stride-2 shortcut on a channels-last batch (the width-0.34 PreResNet-20's has 6 input channels):
+    output and both gradients as a float64 strided convolution gives them, at one and two threads. oneDNN's
+    AVX2 strided 1x1 kernel aborted the process here with one thread and was off by 200 in the weight gradient
+    with two (``SubsampledPointwiseConv``)."""
+    conv = shortcut(in_ch, 2 * in_ch - 1, 2, "bn")[0].to(memory_format=torch.channels_last)
+    gen = torch.Generator().manual_seed(in_ch)
+    x = torch.randn(32, in_ch, 28, 28, generator=gen).to(memory_format=torch.channels_last).requires_grad_()
+    g = torch.randn(32, 2 * in_ch - 1, 14, 14, generator=gen)
+    x64 = x.detach().double().requires_grad_()
+    w64 = conv.weight.detach().double().requires_grad_()
+    ref = torch.nn.functional.conv2d(x64, w64, None, 2)
+    ref.backward(g.double())
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = conv(x)
+        out.backward(g)
+    finally:
+        torch.set_num_threads(before)
+    for got, want in ((out, ref), (x.grad, x64.grad), (conv.weight.grad, w64.grad)):
+        torch.testing.assert_close(got.double(), want.detach(), rtol=1e-4, atol=1e-3)
