@@ -1,5 +1,7 @@
 """CIFAR ResNets (ResNet-110, PreResNet-20): sizes by hand, exits anywhere, depth and width contracts."""
 
+import copy
+
 import pytest
 import torch
 
@@ -78,3 +80,30 @@ def test_strided_shortcut_matches_float64(in_ch, threads):
         torch.set_num_threads(before)
     for got, want in ((out, ref), (x.grad, x64.grad), (conv.weight.grad, w64.grad)):
         torch.testing.assert_close(got.double(), want.detach(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name, width", [("preresnet20", 0.34), ("resnet18", 1 / 16)])
+def test_narrow_resnet_gradients_match_float64(name, width, threads):
+    """A whole training step's gradients of the narrowest models the presets train (6 and 4 channels in the first
+    stage), as float32 on this machine's kernels at one and two threads against the same step in float64: a guard
+    against a CPU kernel that is wrong on the hardware at hand, as oneDNN's strided 1x1 was."""
+    fam = model_family(name, (1, 28, 28), 10)
+    model = fam.build(width=width, seed=0).train()
+    x = torch.randn(16, 1, 28, 28, generator=torch.Generator().manual_seed(1)).to(memory_format=torch.channels_last)
+    y = torch.arange(16) % 10
+
+    def grads(m, inputs):
+        loss = sum(torch.nn.functional.cross_entropy(logits, y) for logits in m(inputs))
+        return torch.autograd.grad(loss, [p for p in m.parameters()])
+
+    want = grads(copy.deepcopy(model).double(), x.double())
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = grads(model, x)
+    finally:
+        torch.set_num_threads(before)
+    for (pname, _), g, w in zip(model.named_parameters(), got, want):
+        err = float((g.double() - w).abs().max())
+        assert err <= 1e-2 * float(w.abs().max()) + 1e-5, f"{pname}: {err:.3g} off"  # rounding: ~1e-3
