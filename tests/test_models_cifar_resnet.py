@@ -1,6 +1,7 @@
 """CIFAR ResNets (ResNet-110, PreResNet-20): sizes by hand, exits anywhere, depth and width contracts."""
 
 import copy
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -56,6 +57,17 @@ def test_depth_levels_end_at_exits():
     assert [method.depth_for_level(l) for l in (1, 2, 3)] == [18, 36, 54]
 
 
+@contextmanager
+def num_threads(n: int):
+    """torch's intra-op threads set to ``n`` inside, restored after (kernels can differ by thread count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("in_ch", [4, 6, 16])
 def test_strided_shortcut_matches_float64(in_ch, threads):
@@ -71,13 +83,9 @@ def test_strided_shortcut_matches_float64(in_ch, threads):
     w64 = conv.weight.detach().double().requires_grad_()
     ref = torch.nn.functional.conv2d(x64, w64, None, 2)
     ref.backward(g.double())
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with num_threads(threads):
         out = conv(x)
         out.backward(g)
-    finally:
-        torch.set_num_threads(before)
     for got, want in ((out, ref), (x.grad, x64.grad), (conv.weight.grad, w64.grad)):
         torch.testing.assert_close(got.double(), want.detach(), rtol=1e-4, atol=1e-3)
 
@@ -95,15 +103,11 @@ def test_narrow_resnet_gradients_match_float64(name, width, threads):
 
     def grads(m, inputs):
         loss = sum(torch.nn.functional.cross_entropy(logits, y) for logits in m(inputs))
-        return torch.autograd.grad(loss, [p for p in m.parameters()])
+        return torch.autograd.grad(loss, list(m.parameters()))
 
     want = grads(copy.deepcopy(model).double(), x.double())
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with num_threads(threads):
         got = grads(model, x)
-    finally:
-        torch.set_num_threads(before)
     for (pname, _), g, w in zip(model.named_parameters(), got, want):
         err = float((g.double() - w).abs().max())
         assert err <= 1e-2 * float(w.abs().max()) + 1e-5, f"{pname}: {err:.3g} off"  # rounding: ~1e-3
