@@ -1,7 +1,8 @@
 """The results index, generated from the committed tables: `python scripts/results_index.py` rewrites it,
 `--check` exits 1 where README.md or docs/results/README.md is not what the tables say.
 
-For every docs/results/PRESET/table.md: its title, its seeds and runs (summaries.json), how many of its rows had
+For every docs/results/PRESET/table.md: its title, its seeds and runs (summaries.json), the hours they computed
+on each device, how many of its rows had
 not plateaued (a row's last-third gain, the accuracy gained over the last third of the rounds, mean over seeds, of
 a point or more: the table's "Horizon" section), its claims by verdict (the "Claims checked" table) and a link to
 its diagnosis. The README gets the totals by verdict.
@@ -64,9 +65,23 @@ def entry(folder: Path) -> dict:
     runs = [s for label in summaries.values() for s in label]
     gains = row_late_gains(summaries)
     return {"preset": folder.name, "title": title, "runs": len(runs),
-            "seeds": sorted({s.get("seed") for s in runs if s.get("seed") is not None}),
+            "seeds": sorted({s.get("seed") for s in runs if s.get("seed") is not None}), "hours": run_hours(runs),
             "gaining": sum(g >= PLATEAU_GAIN for g in gains.values()), "rows": len(gains), "claims": claims(table),
             "diagnosis": "## Diagnosis of the claims that fail" in table}
+
+
+def run_hours(runs: list[dict]) -> dict[str, float]:
+    """The runs' wall seconds summed per device type (``cuda`` for cuda:0), in hours: a run resumed from its
+    checkpoints counts every segment (``Simulation.elapsed``); a summary without a device is a CPU run's. Runs that
+    shared a device at once (two one-thread CPU workers, a GPU's suite workers) each count their whole wall time."""
+    hours: Counter = Counter()
+    for s in runs:
+        hours[str(s.get("device", "cpu")).split(":")[0]] += (s.get("wall_seconds") or 0.0) / 3600
+    return dict(sorted(hours.items()))
+
+
+def _hours(hours: dict[str, float]) -> str:
+    return ", ".join(f"{device} {h:.1f}" for device, h in hours.items()) or "-"
 
 
 def entries() -> list[dict]:
@@ -80,16 +95,16 @@ def _seeds(seeds: list[int]) -> str:
 
 def index_block(rows: list[dict]) -> str:
     """The Markdown table of every results folder."""
-    lines = ["| table | runs | seeds | rows still gaining | claims | " + " | ".join(VERDICTS) + " | diagnosis |",
-             "|---|---|---|---|---|" + "---|" * len(VERDICTS) + "---|"]
+    lines = ["| table | runs | seeds | run hours | rows still gaining | claims | " + " | ".join(VERDICTS)
+             + " | diagnosis |", "|---|---|---|---|---|---|" + "---|" * len(VERDICTS) + "---|"]
     for e in rows:
         gain = f"{e['gaining']} of {e['rows']}" if e["rows"] else "-"
         total = sum(e["claims"].values())
         counts = " | ".join(str(e["claims"][v]) if total else "" for v in VERDICTS)
         link = f"[{e['preset']}]({e['preset']}/table.md)"
         diagnosis = f"[diagnosis]({e['preset']}/table.md#diagnosis-of-the-claims-that-fail)" if e["diagnosis"] else ""
-        lines.append(f"| {link}: {e['title']} | {e['runs']} | {_seeds(e['seeds'])} | {gain} | {total or ''} | "
-                     f"{counts} | {diagnosis} |")
+        lines.append(f"| {link}: {e['title']} | {e['runs']} | {_seeds(e['seeds'])} | {_hours(e['hours'])} | {gain} | "
+                     f"{total or ''} | {counts} | {diagnosis} |")
     return "\n".join(lines)
 
 

@@ -37,6 +37,15 @@ def test_claims_are_read_from_a_tables_claims_section():
     assert results_index.claims(table) == {"held": 1, "did not hold, n.s.": 1}
 
 
+def test_run_hours_sum_wall_time_per_device_type():
+    runs = [{"device": "cpu", "wall_seconds": 1800.0}, {"wall_seconds": 3600.0},  # no device: a CPU run
+            {"device": "cuda:0", "wall_seconds": 720.0}, {"device": "cuda", "wall_seconds": 180.0},
+            {"device": "cpu", "wall_seconds": None}]
+    assert results_index.run_hours(runs) == {"cpu": 1.5, "cuda": 0.25}
+    assert results_index._hours(results_index.run_hours(runs)) == "cpu 1.5, cuda 0.2"
+    assert results_index._hours({}) == "-"
+
+
 def test_the_readme_is_a_product_page_with_the_set_up_first():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) < 250
