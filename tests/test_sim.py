@@ -57,6 +57,11 @@ def test_resume_gives_bit_identical_weights(tiny_cfg, server_opt, checkpoint_eve
     assert_identical(final_weights(whole), final_weights(summary))
     rounds = [json.loads(l)["round"] for l in open(f"{summary['run_dir']}/metrics.jsonl")]
     assert rounds == [1, 2, 3, 4]
+    # each stretch of rounds names the hardware that computed it: the resumed run has two
+    assert [seg["from_round"] for seg in whole["segments"]] == [1]
+    assert [seg["from_round"] for seg in summary["segments"]] == [1, resumed.start_round + 1]
+    assert json.load(open(f"{summary['run_dir']}/summary.json"))["segments"] == summary["segments"]
+    assert {"torch", "cpu", "cpu_capability", "threads"} <= set(summary["segments"][0])
 
 
 def test_exclusivefl_trains_only_clients_that_afford_the_global_level(tiny_cfg):

@@ -38,6 +38,7 @@ from .executors import Executor, Job, LocalClients
 from .executors.batched import BatchedExecutor
 from .executors.faults import FaultInjection
 from .executors.sequential import SequentialExecutor
+from .machine import describe
 from .methods import build_method, load_config, method_class
 from .models.cache import ModelCache
 from .models.frozen_features import features_of, serving
@@ -133,6 +134,7 @@ class Simulation:
         self.start_round = 0
         self.history: list[dict] = []
         self.elapsed = 0.0
+        self.segments: list[dict] = []  # the hardware of each stretch of rounds (run)
         self.on_round = on_round
         inner = executor(self) if executor else self.local_executor()
         faulty = cfg.dropout_fraction or cfg.corrupt_fraction
@@ -221,6 +223,7 @@ class Simulation:
             sim.state = ServerState.from_dict(payload["state"]).to(sim.device)
             sim.start_round = int(payload["round"])
             sim.elapsed = float(payload["elapsed"])
+            sim.segments = list(payload.get("segments", []))  # older checkpoints have none
             sim.client_store.restore(payload["client_state_dir"])
             sim.executor.restore(payload)
         if partial:
@@ -361,6 +364,7 @@ class Simulation:
             return self.summary()
         if self.start_round < cfg.rounds:
             self.executor.prepare()
+            self.segments.append({"from_round": self.start_round + 1, **describe(self.device)})
         if self.frozen_features is not None:  # its time is the run's (none where an earlier run filled it)
             started = time.perf_counter()
             self.frozen_features.prepare(self.eval_models.module(spec) for spec in self.method.eval_specs().values())
@@ -416,7 +420,7 @@ class Simulation:
     def save_checkpoint(self, round_index: int) -> None:
         """Checkpoint the state after ``round_index``."""
         payload = {"config": self.cfg.to_dict(), "round": round_index, "elapsed": self.elapsed,
-                   "state": self.state.to_dict(), **self.executor.state()}
+                   "segments": self.segments, "state": self.state.to_dict(), **self.executor.state()}
         save_checkpoint(self.run_dir, payload, self.client_store)
         self.executor.checkpointed()
 
@@ -442,7 +446,8 @@ class Simulation:
             **_memory_summary(self.history),
             "bytes_down_per_round": sum(r["bytes_down"] for r in self.history) / n,
             "bytes_up_per_round": sum(r["bytes_up"] for r in self.history) / n,
-            "wall_seconds": self.elapsed, "device": self.cfg.device, "executor": self.executor.name,
+            "wall_seconds": self.elapsed, "device": self.cfg.device, "segments": self.segments,
+            "executor": self.executor.name,
             "run_dir": str(self.run_dir),
         }
 

@@ -1,0 +1,39 @@
+"""What computed a run: the hardware of each of its segments (a run resumed elsewhere has several).
+
+A run's name and values do not depend on the device (``bench/runner.NAMED_ON_DEVICE``), but kernels do: the same
+config trained with another CPU instruction set or on a GPU gives other floating-point results, and a kernel can be
+wrong on one machine only (oneDNN's strided 1x1 convolution on AVX2, ``models.cifar_resnet``). Each segment's
+record lets a table's reader tell which hardware made which rounds.
+"""
+
+from __future__ import annotations
+
+import platform
+from functools import cache
+from pathlib import Path
+
+import torch
+
+
+@cache
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else what ``platform`` says; "" where nothing does)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def describe(device: torch.device) -> dict:
+    """The hardware and torch build that compute on ``device``: the CPU's model, the instruction set torch's CPU
+    kernels dispatch to (``torch.backends.cpu.get_cpu_capability``: AVX2, AVX512, ...) and its thread count; on
+    CUDA the GPU's name too."""
+    out = {"torch": str(torch.__version__), "cpu": cpu_model(),  # str: a TorchVersion does not load weights_only
+           "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+           "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
