@@ -2,10 +2,9 @@
 `--check` exits 1 where README.md or docs/results/README.md is not what the tables say.
 
 For every docs/results/PRESET/table.md: its title, its seeds and runs (summaries.json), the hours they computed
-on each device, how many of its rows had
-not plateaued (a row's last-third gain, the accuracy gained over the last third of the rounds, mean over seeds, of
-a point or more: the table's "Horizon" section), its claims by verdict (the "Claims checked" table) and a link to
-its diagnosis. The README gets the totals by verdict.
+on each device, how many of its rows had not plateaued (a row's last-third gain, the accuracy gained over the last
+third of the rounds, mean over seeds, of a point or more: the table's "Horizon" section), its claims by verdict
+(the "Claims checked" table) and a link to its diagnosis. The README gets the totals by verdict.
 Nothing in the generated blocks is typed by hand: edit the tables, then run this.
 """
 
