@@ -14,11 +14,13 @@
 #           .lease/, `hetfl bench suite --reuse-saved` on cuda within SECONDS with WORKERS processes (the runs of
 #           docs/results/PRESET count as finished: only the runs a committed table lacks train); then each preset's
 #           finished runs go to $OUT as PRESET.finished-runs.json, with the suite's log and curves.tgz (every
-#           run's metrics, finished or not, for scripts/plateau.py); at most 8 files come back from a call: up to
-#           6 presets per call
+#           run's metrics, finished or not, for scripts/plateau.py), and in what room is left the runs the budget
+#           cut short, from their last checkpoint (partial-runs.tar.NN, scripts/lease_runs.py); at most 8 files come
+#           back from a call: up to 6 presets per call
 #   here:   scripts/gpu_lease.sh collect FOLDER [-- THE SAME SUITE FLAGS]
-#           puts each FOLDER/PRESET.finished-runs.json into results/PRESET/ (merged with what is there) and writes
-#           the interim tables: hetfl bench PRESET --report-only --reuse-saved
+#           puts each FOLDER/PRESET.finished-runs.json into results/PRESET/ (merged with what is there), the runs
+#           cut short into runs/bench (a suite here resumes them, on this CPU) and writes the interim tables:
+#           hetfl bench PRESET --report-only --reuse-saved
 #
 # SECONDS: the device time left less 3 minutes (the machine's start and the copies back). DEVICE=cpu runs it here.
 set -euo pipefail
@@ -97,12 +99,15 @@ EOF
     # every run's curve, finished or cut short by the budget (scripts/plateau.py reads them)
     [ -d /tmp/lease-runs ] && (cd /tmp/lease-runs && find . \( -name metrics.jsonl -o -name config.json -o -name summary.json \) |
         tar czf "$out/curves.tgz" -T -)
+    # last, in the room the files above leave: the runs cut short, so that no trained round is lost
+    [ -d /tmp/lease-runs ] && python3 scripts/lease_runs.py pack /tmp/lease-runs "$out"
     ls -l "$out"
     ;;
 collect)
     folder=$2
     shift 2
     [ $# -gt 0 ] && shift  # the --
+    .venv/bin/python scripts/lease_runs.py unpack "$folder" runs/bench
     for f in "$folder"/*.finished-runs.json; do
         name=$(basename "$f" .finished-runs.json)
         mkdir -p "results/$name"

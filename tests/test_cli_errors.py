@@ -1,6 +1,7 @@
 """Bad input: one line on stderr naming the field and what is allowed, exit code 2, no run folder."""
 
 import gzip
+import json
 import os
 import shutil
 from pathlib import Path
@@ -148,6 +149,34 @@ def test_a_checkpoint_from_before_an_option_existed_still_resumes(tmp_path, caps
     (run / "summary.json").unlink()
     code, err = run_cli(["run", "--resume", str(run)], capsys)
     assert code == 2 and "belongs to another experiment" in err
+
+
+def test_a_run_begun_on_an_accelerator_goes_on_on_the_cpu(tiny_cfg, capsys):
+    """The device is no part of the experiment: a run whose folder names cuda (made so by hand here, as a lease's
+    run cut short comes back) resumes with --device cpu, and each stretch of rounds names its hardware."""
+    from hetfl.sim import Simulation
+
+    whole = Simulation(tiny_cfg(name="whole")).run(progress=False)
+    cut = Simulation(tiny_cfg(name="cut"))
+    cut.run(progress=False, stop_after=2)
+    run, state = cut.run_dir, cut.run_dir / "checkpoint" / "state.pt"
+    payload = torch.load(state, weights_only=True)
+    payload["config"]["device"] = "cuda"
+    torch.save(payload, state)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "device": "cuda"}))
+    if not torch.cuda.is_available():  # its own device, absent here: a clean error that says what to do
+        code, err = run_cli(["run", "--resume", str(run)], capsys)
+        assert code == 2 and "CUDA is not available" in err and "--device cpu" in err
+    code, err = run_cli(["run", "--resume", str(run), "--lr", "0.5"], capsys)
+    assert code == 2 and "no other options but --device" in err
+    assert run_cli(["run", "--resume", str(run), "--device", "cpu"], capsys)[0] == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert [json.loads(line)["round"] for line in open(run / "metrics.jsonl")] == [1, 2, 3]
+    assert [s["from_round"] for s in summary["segments"]] == [1, 3]
+    whole = torch.load(Path(whole["run_dir"]) / "final_model.pt", weights_only=True)
+    resumed = torch.load(run / "final_model.pt", weights_only=True)
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)  # a CPU's
 
 
 def test_not_a_checkpoint(tmp_path, capsys):

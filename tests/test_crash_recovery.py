@@ -282,6 +282,27 @@ def test_bench_runner_resumes_a_run_left_as_checkpoint_old(tmp_path, monkeypatch
     assert ran == [3, 4]  # resumed, not started again
 
 
+def test_bench_runner_resumes_on_its_device_a_run_another_device_began(tmp_path, monkeypatch):
+    """A lease's run cut short comes back naming cuda; the runner goes on with it on the device asked now, never
+    starting it again (the device is no part of the run)."""
+    from hetfl.bench.runner import run_one
+
+    cfg = small_cfg(tmp_path / "runs", name="lease-run", rounds=4, checkpoint_every=1)
+    first = Simulation(cfg)
+    first.run(progress=False, stop_after=2)
+    state = first.run_dir / "checkpoint" / "state.pt"
+    payload = torch.load(state, weights_only=True)
+    payload["config"]["device"] = "cuda"
+    torch.save(payload, state)
+    config = json.loads((first.run_dir / "config.json").read_text())
+    (first.run_dir / "config.json").write_text(json.dumps({**config, "device": "cuda"}))
+    ran = []
+    original = Simulation.run_round
+    monkeypatch.setattr(Simulation, "run_round", lambda self, t: ran.append(t) or original(self, t))
+    assert run_one(cfg, progress=False)["rounds"] == 4
+    assert ran == [3, 4]
+
+
 # ---- 7. one writer per run folder --------------------------------------------------------------------------
 def test_second_writer_of_a_live_run_is_refused_and_the_lock_dies_with_the_process(tmp_path):
     cfg = small_cfg(tmp_path / "runs", name="live", rounds=60, checkpoint_every=1)

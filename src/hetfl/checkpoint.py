@@ -161,10 +161,16 @@ def checked_payload(payload: dict, path: Path, rounds: int, params: dict[str, to
     return payload
 
 
+WHERE_IT_RUNS = ("device",)  # the same experiment on any device: a run begun on an accelerator goes on on a CPU
+
+
 def same_config(saved: dict, config) -> bool:
-    """Whether a checkpoint's resolved config ``saved`` is ``config``'s; an option only one of them records
-    (added to hetfl after the checkpoint was written, or recorded only when set) matches at its default."""
+    """Whether a checkpoint's resolved config ``saved`` is ``config``'s, whatever device each names
+    (``WHERE_IT_RUNS``); an option only one of them records (added to hetfl after the checkpoint was written, or
+    recorded only when set) matches at its default."""
     current, defaults = config.to_dict(), dataclasses.asdict(type(config)())
+    saved = {k: v for k, v in saved.items() if k not in WHERE_IT_RUNS}
+    current = {k: v for k, v in current.items() if k not in WHERE_IT_RUNS}
 
     def at_default(key, value) -> bool:
         return key in defaults and defaults[key] == value

@@ -136,9 +136,12 @@ def cmd_run(args) -> int:
 
     check_paths_given(args)
     if args.resume is not None:
-        if args.config is not None or given_options(args):
-            raise HetflError("--resume takes no other options: the run folder's config.json defines the run")
-        sim = Simulation.resume(args.resume)
+        options = given_options(args)
+        device = options.pop("device", None)  # where it goes on is no part of the run
+        if args.config is not None or options:
+            raise HetflError("--resume takes no other options but --device: the run folder's config.json defines "
+                             "the run")
+        sim = Simulation.resume(args.resume, device=device)
     else:
         overrides = given_options(args)
         cfg = load_config(args.config, overrides) if args.config is not None else config_from(overrides, source="flags")
@@ -416,7 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("--config", help="TOML file of options (flags override it)")
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint "
+                                                          "(with --device: on another device)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     add_config_flags(run)
     run.set_defaults(fn=cmd_run)

@@ -194,9 +194,11 @@ class Simulation:
 
     @classmethod
     def resume(cls, run_dir: str | Path, executor: ExecutorFactory | None = None,
-               on_round: Callable[[Simulation, dict], None] | None = None) -> Simulation:
+               on_round: Callable[[Simulation, dict], None] | None = None, device: str | None = None) -> Simulation:
         """The experiment of ``run_dir`` restored at its last checkpoint (``executor``, ``on_round``: as for the
-        constructor). A folder holding only its config starts at round 1."""
+        constructor). A folder holding only its config starts at round 1. ``device``: where it goes on (None: its
+        config's). The device is no part of the experiment (``checkpoint.same_config``), so a run an accelerator
+        began goes on on a CPU; ``segments`` says which hardware computed which rounds."""
         run_dir = Path(run_dir)
         config_path = run_dir / "config.json"
         if not run_dir.is_dir() or not config_path.exists():
@@ -204,6 +206,7 @@ class Simulation:
         lock_run_dir(run_dir)  # before anything is read: a live writer would change it underneath
         try:  # every check before the first change: a refused resume leaves the folder as it was
             cfg = load_config(config_path).validate()
+            cfg = cfg if device is None else cfg.replace(device=device)
             payload = load_checkpoint(run_dir, cfg)
             history, partial = read_jsonl(run_dir / "metrics.jsonl")
             check_rounds(history, run_dir / "metrics.jsonl")

@@ -208,7 +208,7 @@ def run_one(cfg: Config, progress: bool) -> dict:
         return done
     if has_checkpoint(run_dir):  # checkpoint.old too: a kill between the renames of a checkpoint leaves only it
         try:
-            return Simulation.resume(run_dir).run(progress=progress)
+            return Simulation.resume(run_dir, device=cfg.device).run(progress=progress)  # the device asked now
         except RunDirBusy:
             raise  # a live process (a `hetfl run --resume`) is writing it: never delete its folder
         except HetflError:

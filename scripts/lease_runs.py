@@ -1,0 +1,148 @@
+"""The runs a lease's budget cut short, brought back from their last checkpoint (scripts/gpu_lease.sh).
+
+A lent machine is fresh each time and gone after its call, so a run the budget stopped lost every round it had
+trained. ``pack`` writes the unfinished runs that hold a checkpoint into ``partial-runs.tar.NN`` files within what a
+call brings back (at most 8 files of 16 MiB, 64 MiB together, counting the files already there), the runs that
+saved the most seconds per byte first; ``unpack`` puts them into a local runs folder, where ``hetfl bench suite``
+resumes each from its checkpoint on the device asked then (``Simulation.resume``'s ``device``: the device is no
+part of a run, so a run an H100 began goes on on a CPU, and its summary's ``segments`` say which rounds ran where).
+
+    python3 scripts/lease_runs.py pack RUNS_DIR OUT        (there, after the suite)
+    python3 scripts/lease_runs.py unpack FOLDER RUNS_DIR   (here: `scripts/gpu_lease.sh collect` calls it)
+
+``unpack`` never replaces a run that is finished here, that has a checkpoint as far along here, or that a process
+here is training (its bench lock, ``runner.run_lock``, is held).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import shutil
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+MAX_FILES, MAX_FILE, MAX_TOTAL = 8, 16 * 2**20, 64 * 2**20  # what one device call brings back from $OUT
+MARGIN = 2**20  # tar's headers and padding, and the suite's own files written after the count
+PREFIX = "partial-runs.tar."
+
+
+def checkpoint_round(run_dir: Path) -> int:
+    """The round of the run folder's last checkpoint (0: none, or unreadable)."""
+    import torch
+
+    for folder in ("checkpoint", "checkpoint.old"):  # .old: a kill between a checkpoint's two renames
+        path = run_dir / folder / "state.pt"
+        if path.exists():
+            try:
+                return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["round"])
+            except Exception:  # damaged: nothing worth bringing back
+                return 0
+    return 0
+
+
+def saved_seconds(run_dir: Path, upto: int) -> float:
+    """The seconds the run's logged rounds up to ``upto`` took: what its checkpoint saves."""
+    try:
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return 0.0
+    return sum(r.get("seconds") or 0.0 for r in rows if isinstance(r, dict) and r.get("round", upto + 1) <= upto)
+
+
+def size(run_dir: Path) -> int:
+    return sum(f.stat().st_size for f in run_dir.rglob("*") if f.is_file())
+
+
+def partial_runs(runs_dir: Path) -> list[tuple[Path, int]]:
+    """The run folders of ``runs_dir`` with a checkpoint and no summary: (folder, checkpoint round)."""
+    runs = []
+    for run_dir in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if not (run_dir / "summary.json").exists() and (done := checkpoint_round(run_dir)):
+            runs.append((run_dir, done))
+    return runs
+
+
+def pack(runs_dir: Path, out: Path, max_files: int = MAX_FILES, max_file: int = MAX_FILE,
+         max_total: int = MAX_TOTAL, margin: int = MARGIN) -> list[str]:
+    """Write the partial runs of ``runs_dir`` that fit into ``out`` as ``partial-runs.tar.NN`` parts; returns the
+    names of the runs packed."""
+    present = [f for f in out.iterdir() if f.is_file()]
+    room = min((max_files - len(present)) * max_file, max_total - sum(f.stat().st_size for f in present)) - margin
+    chosen, used = [], 0
+    runs = [(run_dir, saved_seconds(run_dir, done), size(run_dir)) for run_dir, done in partial_runs(runs_dir)]
+    for run_dir, seconds, nbytes in sorted(runs, key=lambda r: -r[1] / max(r[2], 1)):
+        if used + nbytes <= room:
+            chosen.append(run_dir)
+            used += nbytes
+    if not chosen:
+        return []
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w") as tar:
+        for run_dir in chosen:
+            tar.add(run_dir, arcname=run_dir.name, filter=lambda m: None if m.name.endswith(".lock") else m)
+    data = stream.getvalue()
+    for i in range(0, len(data), max_file):
+        (out / f"{PREFIX}{i // max_file:02d}").write_bytes(data[i:i + max_file])
+    return [run_dir.name for run_dir in chosen]
+
+
+def _bench_lock_is_free(runs_dir: Path, name: str) -> bool:
+    """Whether no process here holds the bench lock of run folder ``name`` (METHOD-KEY-sSEED: lock KEY-sSEED)."""
+    lock = runs_dir / ".locks" / "-".join(name.split("-")[-2:])
+    if not lock.exists():
+        return True
+    with open(lock) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return True
+
+
+def unpack(folder: Path, runs_dir: Path) -> list[str]:
+    """Put the runs of ``folder``'s ``partial-runs.tar.NN`` parts into ``runs_dir``, each unless it is finished, as
+    far along or being trained here; returns a line per run saying what was done."""
+    parts = sorted(folder.glob(PREFIX + "*"))
+    if not parts:
+        return []
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    said = []
+    with tempfile.TemporaryDirectory(dir=runs_dir, prefix=".lease-") as tmp:
+        with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
+            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        for run in sorted(Path(tmp).iterdir()):
+            here, came = runs_dir / run.name, checkpoint_round(run)
+            if (here / "summary.json").exists():
+                said.append(f"{run.name}: finished here already; kept")
+            elif (ahead := checkpoint_round(here)) >= came:
+                said.append(f"{run.name}: here at round {ahead}, the lease's at {came}; kept")
+            elif not _bench_lock_is_free(runs_dir, run.name):
+                said.append(f"{run.name}: a process here is training it; kept")
+            else:
+                shutil.rmtree(here, ignore_errors=True)
+                run.rename(here)
+                said.append(f"{run.name}: checkpoint of round {came} in place; a suite resumes it")
+    return said
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] not in ("pack", "unpack"):
+        print(__doc__.split("\n\n")[2], file=sys.stderr)
+        return 2
+    if argv[0] == "pack":
+        names = pack(Path(argv[1]), Path(argv[2]))
+        print(f"lease_runs: {len(names)} runs cut short brought back from their checkpoints: {', '.join(names)}"
+              if names else "lease_runs: no run cut short with a checkpoint fits")
+    else:
+        for line in unpack(Path(argv[1]), Path(argv[2])):
+            print(f"lease_runs: {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,75 @@
+"""scripts/lease_runs.py: the runs a lease's budget cut short come back from their checkpoints and go on here."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from hetfl.bench.runner import config_key, run_lock
+from hetfl.sim import Simulation
+from weights import assert_identical
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import lease_runs  # noqa: E402
+
+
+def bench_cfg(tiny_cfg, out: Path, seed: int):
+    """A FedAvg run named and placed as `hetfl bench` names its runs (METHOD-KEY-sSEED: the bench lock's key)."""
+    cfg = tiny_cfg(method="alllarge", rounds=3, seed=seed, out=str(out))
+    return cfg.replace(name=f"{cfg.method}-{config_key(cfg)}-s{seed}")
+
+
+def lease(tiny_cfg, there: Path):
+    """Three runs on the lease: two rounds of three (a), finished (b), one round of three (c)."""
+    cfgs = [bench_cfg(tiny_cfg, there, seed) for seed in (0, 1, 2)]
+    Simulation(cfgs[0]).run(progress=False, stop_after=2)
+    Simulation(cfgs[1]).run(progress=False)
+    Simulation(cfgs[2]).run(progress=False, stop_after=1)
+    return cfgs
+
+
+def test_pack_brings_back_the_runs_cut_short_in_parts_within_the_limits(tiny_cfg, tmp_path):
+    a, _, c = lease(tiny_cfg, tmp_path / "there")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "suite.log").write_text("x" * 1000)
+    sizes = [lease_runs.size(Path(cfg.out) / cfg.name) for cfg in (a, c)]
+    part = max(sizes) // 2  # each run needs several parts
+    names = lease_runs.pack(tmp_path / "there", out, max_file=part, max_total=10 * part, margin=0)
+    assert sorted(names) == sorted([a.name, c.name])  # the finished run stays: its summary came back already
+    parts = sorted(out.glob("partial-runs.tar.*"))
+    assert len(parts) >= 3 and all(p.stat().st_size <= part for p in parts)
+    assert len(parts) + 1 <= 8 and sum(p.stat().st_size for p in out.iterdir()) <= 10 * part
+
+    for p in parts:  # room for one run only: the one whose checkpoint saved the most seconds per byte
+        p.unlink()
+    room = max(sizes) + part
+    assert lease_runs.pack(tmp_path / "there", out, max_file=room, max_total=room + 1000, margin=0) == [a.name]
+
+
+def test_unpack_resumes_here_and_never_replaces_a_run_further_along_or_busy(tiny_cfg, tmp_path):
+    a, b, c = lease(tiny_cfg, tmp_path / "there")
+    out, here = tmp_path / "out", tmp_path / "here"
+    out.mkdir()
+    assert len(lease_runs.pack(tmp_path / "there", out)) == 2
+    whole = Simulation(bench_cfg(tiny_cfg, tmp_path / "whole", 0)).run(progress=False)
+
+    c_here = c.replace(out=str(here))
+    Simulation(c_here).run(progress=False, stop_after=2)  # here, c is a round further than the lease's
+    said = lease_runs.unpack(out, here)
+    assert said == [f"{a.name}: checkpoint of round 2 in place; a suite resumes it",
+                    f"{c.name}: here at round 2, the lease's at 1; kept"]
+    resumed = Simulation.resume(here / a.name, device="cpu")
+    assert resumed.start_round == 2
+    assert_identical(torch.load(Path(whole["run_dir"]) / "final_model.pt", weights_only=True),
+                     torch.load(Path(resumed.run(progress=False)["run_dir"]) / "final_model.pt", weights_only=True))
+
+    said = lease_runs.unpack(out, here)  # again: a is finished here now
+    assert said[0] == f"{a.name}: finished here already; kept"
+    (here / c.name / "checkpoint").rename(here / c.name / "gone")  # here, c has no checkpoint: the lease's goes on
+    with run_lock(c_here, wait=False) as mine:  # ... unless a process here trains it
+        assert mine
+        assert lease_runs.unpack(out, here)[1] == f"{c.name}: a process here is training it; kept"
+    assert lease_runs.unpack(out, here)[1] == f"{c.name}: checkpoint of round 1 in place; a suite resumes it"
+    assert lease_runs.checkpoint_round(here / c.name) == 1
+    assert not [p for p in here.iterdir() if p.name.startswith(".lease-")]  # the unpacked copies are cleaned up
