@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from hetfl.bench.runner import FINISHED, committed_results, load_preset
+from hetfl.machine import device_seconds
 from hetfl.report import PLATEAU_GAIN, row_late_gains
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,11 +72,12 @@ def entry(folder: Path) -> dict:
 
 def run_hours(runs: list[dict]) -> dict[str, float]:
     """The runs' wall seconds summed per device type (``cuda`` for cuda:0), in hours: a run resumed from its
-    checkpoints counts every segment (``Simulation.elapsed``); a summary without a device is a CPU run's. Runs that
-    shared a device at once (two one-thread CPU workers, a GPU's suite workers) each count their whole wall time."""
+    checkpoints counts every segment, each on its own device where the segments say (``machine.device_seconds``).
+    Runs that shared a device at once (two one-thread CPU workers, a GPU's suite workers) each count their whole
+    wall time."""
     hours: Counter = Counter()
     for s in runs:
-        hours[str(s.get("device", "cpu")).split(":")[0]] += (s.get("wall_seconds") or 0.0) / 3600
+        hours.update({device: seconds / 3600 for device, seconds in device_seconds(s).items()})
     return dict(sorted(hours.items()))
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from weights import assert_identical
 
+from hetfl.machine import device_seconds
 from hetfl.sim import Simulation
 
 
@@ -61,7 +62,11 @@ def test_resume_gives_bit_identical_weights(tiny_cfg, server_opt, checkpoint_eve
     assert [seg["from_round"] for seg in whole["segments"]] == [1]
     assert [seg["from_round"] for seg in summary["segments"]] == [1, resumed.start_round + 1]
     assert json.load(open(f"{summary['run_dir']}/summary.json"))["segments"] == summary["segments"]
-    assert {"torch", "cpu", "cpu_capability", "threads"} <= set(summary["segments"][0])
+    assert {"device", "torch", "cpu", "cpu_capability", "threads"} <= set(summary["segments"][0])
+    # ... and the wall seconds before it, so that a run's time splits by device (machine.device_seconds)
+    before = [seg["elapsed_before"] for seg in summary["segments"]]
+    assert before[0] == 0.0 < before[1] < summary["wall_seconds"]
+    assert device_seconds(summary) == {"cpu": pytest.approx(summary["wall_seconds"])}
 
 
 def test_exclusivefl_trains_only_clients_that_afford_the_global_level(tiny_cfg):

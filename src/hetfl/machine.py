@@ -9,10 +9,9 @@ record lets a table's reader tell which hardware made which rounds.
 from __future__ import annotations
 
 import platform
+from collections import Counter
 from functools import cache
 from pathlib import Path
-
-import torch
 
 
 @cache
@@ -27,13 +26,34 @@ def cpu_model() -> str:
     return platform.processor()
 
 
-def describe(device: torch.device) -> dict:
-    """The hardware and torch build that compute on ``device``: the CPU's model, the instruction set torch's CPU
-    kernels dispatch to (``torch.backends.cpu.get_cpu_capability``: AVX2, AVX512, ...) and its thread count; on
+def describe(device) -> dict:
+    """The device and the hardware and torch build that compute on it: the CPU's model, the instruction set torch's
+    CPU kernels dispatch to (``torch.backends.cpu.get_cpu_capability``: AVX2, AVX512, ...) and its thread count; on
     CUDA the GPU's name too."""
-    out = {"torch": str(torch.__version__), "cpu": cpu_model(),  # str: a TorchVersion does not load weights_only
+    import torch  # here: report.py, torch-free, reads the segments with this module
+
+    out = {"device": str(device), "torch": str(torch.__version__), "cpu": cpu_model(),  # str: a TorchVersion does not load weights_only
            "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
            "threads": torch.get_num_threads()}
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
+
+
+def device_type(device) -> str:
+    """``cuda`` for cuda:1 and cuda alike."""
+    return str(device).split(":")[0]
+
+
+def device_seconds(summary: dict) -> dict[str, float]:
+    """A run's wall seconds (``Simulation.elapsed``) per device type: each segment's, from the elapsed seconds at
+    its start to the next one's, where the segments record both (runs since they do); else all on the summary's
+    device (a summary without one is a CPU run's: every run before the field was one)."""
+    wall = summary.get("wall_seconds") or 0.0
+    segments = summary.get("segments") or []
+    if not (segments and all("device" in s and "elapsed_before" in s for s in segments)):
+        return {device_type(summary.get("device", "cpu")): wall}
+    seconds: Counter = Counter()
+    for segment, end in zip(segments, [s["elapsed_before"] for s in segments[1:]] + [wall]):
+        seconds[device_type(segment["device"])] += end - segment["elapsed_before"]
+    return dict(seconds)

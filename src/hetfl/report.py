@@ -10,6 +10,8 @@ import math
 import statistics
 from collections import Counter
 
+from .machine import device_seconds
+
 
 def _exit_columns(evaluations: list[dict]) -> list[str]:
     """Exit column names present in any of these evaluations, shallowest first, then the ensemble and, with
@@ -537,9 +539,9 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
 
 
 def devices_note(results: dict[str, list[dict]]) -> str:
-    """Which devices the runs computed on, unless all on the CPU (a summary without the field is a CPU run's:
-    every run before the field was one); empty then."""
-    counts = Counter(s.get("device", "cpu") for runs in results.values() for s in runs)
+    """Which device types the runs computed on ("cpu+cuda": a run resumed on another device,
+    ``machine.device_seconds``), unless all on the CPU; empty then."""
+    counts = Counter("+".join(sorted(device_seconds(s))) for runs in results.values() for s in runs)
     if set(counts) <= {"cpu"}:
         return ""
     return ("Runs computed on " + ", ".join(f"{device} ({n})" for device, n in sorted(counts.items()))

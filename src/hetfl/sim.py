@@ -367,7 +367,8 @@ class Simulation:
             return self.summary()
         if self.start_round < cfg.rounds:
             self.executor.prepare()
-            self.segments.append({"from_round": self.start_round + 1, **describe(self.device)})
+            self.segments.append({"from_round": self.start_round + 1, "elapsed_before": self.elapsed,
+                                  **describe(self.device)})  # machine.device_seconds splits the wall time by them
         if self.frozen_features is not None:  # its time is the run's (none where an earlier run filled it)
             started = time.perf_counter()
             self.frozen_features.prepare(self.eval_models.module(spec) for spec in self.method.eval_specs().values())

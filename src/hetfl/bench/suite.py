@@ -52,6 +52,7 @@ from statistics import mean
 
 from ..config import Config
 from ..errors import HetflError
+from ..machine import device_type
 from ..rundir import read_jsonl
 from .runner import (FINISHED, _named_configs, _record_finished, at_target, finished_run, load_preset, read_finished,
                      run_bench, run_lock, run_one, saved_runs)
@@ -114,11 +115,6 @@ def suite_jobs(suite: list[PresetRuns]) -> list[Job]:
     return list(jobs.values())
 
 
-def _device_type(device: str) -> str:
-    """``cuda`` for cuda:1 and cuda alike."""
-    return str(device).split(":")[0]
-
-
 def _checkpoint_round(run_dir: Path) -> int:
     """The round of the run folder's last checkpoint (0 if none or unreadable)."""
     import torch
@@ -144,13 +140,13 @@ def estimate(job: Job, jobs: list[Job], finished: dict[str, dict]) -> float | No
         logged = []
     if logged:
         return mean(logged) * max(cfg.rounds - _checkpoint_round(run_dir), 0)
-    device = _device_type(cfg.device)
+    device = device_type(cfg.device)
     presets = {p for p, _ in job.labels}
     for related in (lambda other: set(other.labels) & set(job.labels),
                     lambda other: {p for p, _ in other.labels} & presets):
         paces = [s["wall_seconds"] / s["rounds"] for other in jobs
                  if (s := finished.get(other.cfg.name)) and related(other) and s.get("rounds")
-                 and _device_type(s.get("device", "cpu")) == device]  # a summary without a device is a CPU run's
+                 and device_type(s.get("device", "cpu")) == device]  # a summary without a device is a CPU run's
         if paces:
             return mean(paces) * cfg.rounds
     return None
@@ -259,7 +255,7 @@ def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: flo
                  progress: bool, known: dict[str, dict]) -> list[int]:
     """Start the worker processes on ``todo`` and stop them by ``stop_at`` (SIGTERM, then SIGKILL); returns their
     exit codes."""
-    cuda = any(_device_type(j.cfg.device) == "cuda" for j in todo)
+    cuda = any(device_type(j.cfg.device) == "cuda" for j in todo)
     # CPU: the cores are the workers' to share; CUDA: a worker mostly launches kernels (one thread each, as the
     # twelve `hetfl bench reefl-20ng --device cuda` processes of docs/benchmarks.md ran)
     threads = 1 if cuda else max(1, len(os.sched_getaffinity(0)) // workers)
