@@ -179,3 +179,40 @@ def test_reuse_saved_trains_only_the_runs_a_committed_table_lacks(tmp_path, caps
     summaries = json.loads((out / "rows" / "summaries.json").read_text())
     assert summaries["large"] == [saved] and summaries["small"][0]["rounds"] == 1
     assert "runs finished in this call: 1;" in capsys.readouterr().out
+
+
+def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(tmp_path):
+    """The module's rules, on hand-made run folders: few rounds of its own yield to its siblings' pace, and the
+    rounds a lease timed on cuda never estimate a run going on on the CPU."""
+    import torch
+
+    from hetfl.bench.suite import OWN_PACE_ROUNDS, Job, estimate
+    from hetfl.methods import config_from
+
+    def job(name, seed, label="A"):
+        cfg = config_from(dict(dataset="digits", rounds=20, seed=seed, out=str(tmp_path), name=name))
+        (tmp_path / name).mkdir(exist_ok=True)
+        return Job(cfg, labels=[("p", label)])
+
+    def logged(name, seconds, checkpoint=0, segments=()):
+        lines = [json.dumps({"round": r, "seconds": s}) for r, s in enumerate(seconds, 1)]
+        (tmp_path / name / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        if checkpoint:
+            (tmp_path / name / "checkpoint").mkdir()
+            torch.save({"round": checkpoint, "segments": list(segments)}, tmp_path / name / "checkpoint" / "state.pt")
+
+    sibling, few, many, lease, fresh = (job("sib", 0), job("few", 1), job("many", 2), job("lease", 3),
+                                        job("fresh", 4, label="B"))
+    jobs = [sibling, few, many, lease, fresh]
+    finished = {"sib": {"wall_seconds": 200.0, "rounds": 20, "device": "cpu"}}  # 10 s a round
+    logged("few", [90.0, 90.0], checkpoint=1)  # two rounds under contention: its siblings' pace, for 19 rounds
+    assert estimate(few, jobs, finished) == pytest.approx(10 * 19)
+    assert estimate(few, jobs, {}) == pytest.approx(90 * 19)  # nothing else known: its own
+    logged("many", [20.0] * OWN_PACE_ROUNDS, checkpoint=4)  # enough of its own: 20 s a round, 16 rounds left
+    assert estimate(many, jobs, finished) == pytest.approx(20 * 16)
+    cuda_then_cpu = [{"from_round": 1, "device": "cuda:0"}, {"from_round": 7, "device": "cpu"}]
+    logged("lease", [1.0] * 6 + [30.0] * 4, checkpoint=10, segments=cuda_then_cpu)
+    assert estimate(lease, jobs, finished) == pytest.approx(10 * 10)  # 4 CPU rounds: too few, the siblings'
+    assert estimate(lease, jobs, {}) == pytest.approx(30 * 10)  # never the lease's 1 s
+    assert estimate(fresh, jobs, finished) == pytest.approx(10 * 20)  # its preset's pace
+    assert estimate(fresh, jobs, {}) is None

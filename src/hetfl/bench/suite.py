@@ -11,12 +11,18 @@ machine) goes on from there.
 **Which runs start.** A run starts only if ``ESTIMATE_MARGIN x its estimate + START_SECONDS`` fits in the
 time left before the stop (``estimate``: the seconds it still needs):
 
-1. a run with a folder of its own: the mean ``seconds`` of its logged rounds x the rounds after its last
-   checkpoint (a resumed run computes on its own folder's device, the one that timed those rounds);
+1. a run that has logged ``OWN_PACE_ROUNDS`` rounds or more on this device type (a run a lease began and this
+   machine goes on with has logged rounds of both; its checkpoint's segments say which): their mean ``seconds``
+   x the rounds after its last checkpoint;
 2. else the mean seconds per round (``wall_seconds / rounds``) of the finished runs of the same preset and
-   label (other seeds) made on the same device type, x its rounds;
+   label (other seeds) made on the same device type, x the rounds after its last checkpoint;
 3. else the same over every finished run of its presets on that device type;
-4. else nothing is known: it starts if ``START_SECONDS`` are left (the stop below bounds what it costs).
+4. else its own few logged rounds, as in 1;
+5. else nothing is known: it starts if ``START_SECONDS`` are left (the stop below bounds what it costs).
+
+A run's first rounds say little of its pace (a moment of contention, round 1's first kernels): two rounds of
+a ReeFL run timed at 94 s each under contention once put its estimate at five times its siblings' pace, and it
+waited behind every other run.
 
 A run that cannot finish in the time left still starts, after the runs that can, if it can reach its next
 checkpoint (after round 1, every ``checkpoint_every`` rounds, after the last): its work up to there is kept,
@@ -58,6 +64,7 @@ from .runner import (FINISHED, _named_configs, _record_finished, at_target, fini
                      run_bench, run_lock, run_one, saved_runs)
 
 ESTIMATE_MARGIN = 1.2  # estimates come from other seeds, other loads, other thread counts
+OWN_PACE_ROUNDS = 5  # a run's own rounds estimate its pace from this many on (the module's docstring, rule 1)
 START_SECONDS = 5.0  # a run's set-up outside its timed rounds: data, model, first kernels
 TERM_GRACE = 2.0  # seconds from SIGTERM to SIGKILL
 NOT_PRESETS = ("speed", "memory", "checkpoint", "chaos", "flower", "throughput", "suite")  # benchmarks of their own
@@ -115,32 +122,45 @@ def suite_jobs(suite: list[PresetRuns]) -> list[Job]:
     return list(jobs.values())
 
 
-def _checkpoint_round(run_dir: Path) -> int:
-    """The round of the run folder's last checkpoint (0 if none or unreadable)."""
+def _checkpoint(run_dir: Path) -> tuple[int, list[dict]]:
+    """The round of the run folder's last checkpoint and its segments, ``Simulation.segments`` ((0, []) if none or
+    unreadable)."""
     import torch
 
     for folder in ("checkpoint", "checkpoint.old"):  # .old: a kill between a checkpoint's two renames
         path = run_dir / folder / "state.pt"
         if path.exists():
             try:  # mmap: the round, without reading the model's tensors
-                return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["round"])
+                payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                return int(payload["round"]), list(payload.get("segments", []))
             except Exception:  # being swapped by its writer, or damaged: resume will tell
-                return 0
-    return 0
+                return 0, []
+    return 0, []
+
+
+def _checkpoint_round(run_dir: Path) -> int:
+    return _checkpoint(run_dir)[0]
 
 
 def estimate(job: Job, jobs: list[Job], finished: dict[str, dict]) -> float | None:
     """Seconds ``job``'s run still needs, by the rule of the module's docstring; None when nothing is known.
     ``finished``: the summaries of the finished runs, by run folder name."""
-    cfg = job.cfg
+    cfg, device = job.cfg, device_type(job.cfg.device)
     run_dir = Path(cfg.out) / cfg.name
-    try:
-        logged = [r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl")[0] if r.get("seconds")]
+    done, segments = _checkpoint(run_dir)
+
+    def here(round_index: int) -> bool:  # computed on this device type (a segment without a device: as before)
+        began = [s for s in segments if s.get("from_round", 1) <= round_index]
+        return not began or device_type(began[-1].get("device", device)) == device
+
+    try:  # a lease's run goes on here: only the rounds timed on this device type count
+        logged = [r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl")[0] if r.get("seconds")
+                  and here(r["round"])]
     except HetflError:  # a corrupt log: resume will say so
         logged = []
-    if logged:
-        return mean(logged) * max(cfg.rounds - _checkpoint_round(run_dir), 0)
-    device = device_type(cfg.device)
+    left = max(cfg.rounds - done, 0)
+    if len(logged) >= OWN_PACE_ROUNDS:
+        return mean(logged) * left
     presets = {p for p, _ in job.labels}
     for related in (lambda other: set(other.labels) & set(job.labels),
                     lambda other: {p for p, _ in other.labels} & presets):
@@ -148,8 +168,8 @@ def estimate(job: Job, jobs: list[Job], finished: dict[str, dict]) -> float | No
                  if (s := finished.get(other.cfg.name)) and related(other) and s.get("rounds")
                  and device_type(s.get("device", "cpu")) == device]  # a summary without a device is a CPU run's
         if paces:
-            return mean(paces) * cfg.rounds
-    return None
+            return mean(paces) * left
+    return mean(logged) * left if logged else None
 
 
 def to_next_checkpoint(cfg: Config, runs_root: Path) -> int:
