@@ -2,7 +2,9 @@
 # One lease of an accelerator for hetfl's image tables, prepared before the lease starts (issue 36).
 #
 #   here:   scripts/gpu_lease.sh stage
-#           copies Fashion-MNIST into .lease/ (git-ignored); the device call carries it (carry: [".lease"])
+#           copies Fashion-MNIST into .lease/ (git-ignored), with the runs this CPU has begun and no committed table
+#           holds, from their checkpoints (up to 20 MiB: scripts/lease_runs.py); the device call carries it
+#           (carry: [".lease"]) and finishes what it can of them
 #   here:   scripts/gpu_lease.sh stage-text
 #           for the text presets: MiniLM's weights (91 MB) do not fit in one call's 64 MiB, so they go in two
 #           halves: .lease-a/ (the first half) and .lease-b/ (the second, with config.json, tokenizer.json, the
@@ -33,6 +35,7 @@ stage)
     src=/usr/share/datasets/fashion-mnist
     [ -d "$src" ] || src="${HETFL_CACHE:-$HOME/.cache/hetfl}/fashion-mnist"
     cp "$src"/*-ubyte* "$LEASE/fashion-mnist/"
+    .venv/bin/python scripts/lease_runs.py pack runs/bench "$LEASE" --room 20 --skip-saved docs/results
     du -sh "$LEASE"
     ;;
 stage-text)
@@ -71,6 +74,8 @@ run)
         [ -d "$LEASE/fashion-mnist" ] && ln -s "$PWD/$LEASE/fashion-mnist" "$text/fashion-mnist"
         export HETFL_DATA_DIR="$text" HETFL_CACHE="$text" HETFL_MINILM_DIR="$text/minilm"
     fi
+    # the runs the CPU began (stage) go on here from their checkpoints
+    python3 scripts/lease_runs.py unpack "$LEASE" /tmp/lease-runs
     # the committed tables' runs count as finished (--reuse-saved): the lease trains only the runs they lack
     for p in "${presets[@]}"; do
         name=$(basename "$p" .toml)
@@ -100,7 +105,7 @@ EOF
     [ -d /tmp/lease-runs ] && (cd /tmp/lease-runs && find . \( -name metrics.jsonl -o -name config.json -o -name summary.json \) |
         tar czf "$out/curves.tgz" -T -)
     # last, in the room the files above leave: the runs cut short, so that no trained round is lost
-    [ -d /tmp/lease-runs ] && python3 scripts/lease_runs.py pack /tmp/lease-runs "$out"
+    [ -d /tmp/lease-runs ] && python3 scripts/lease_runs.py pack /tmp/lease-runs "$out" --skip-unmoved
     ls -l "$out"
     ;;
 collect)

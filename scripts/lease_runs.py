@@ -7,15 +7,20 @@ saved the most seconds per byte first; ``unpack`` puts them into a local runs fo
 resumes each from its checkpoint on the device asked then (``Simulation.resume``'s ``device``: the device is no
 part of a run, so a run an H100 began goes on on a CPU, and its summary's ``segments`` say which rounds ran where).
 
-    python3 scripts/lease_runs.py pack RUNS_DIR OUT        (there, after the suite)
+    python3 scripts/lease_runs.py pack RUNS_DIR OUT --skip-unmoved  (there, after the suite)
     python3 scripts/lease_runs.py unpack FOLDER RUNS_DIR   (here: `scripts/gpu_lease.sh collect` calls it)
 
 ``unpack`` never replaces a run that is finished here, that has a checkpoint as far along here, or that a process
 here is training (its bench lock, ``runner.run_lock``, is held).
+
+The other way, ``scripts/gpu_lease.sh stage`` sends the runs this CPU has begun to the lease, which finishes the
+ones it can: ``pack runs/bench .lease --room 20 --skip-saved docs/results`` (what a call carries is 64 MiB in all,
+Fashion-MNIST and the repository included; a run a committed table holds already is not sent).
 """
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import io
 import json
@@ -28,6 +33,7 @@ from pathlib import Path
 MAX_FILES, MAX_FILE, MAX_TOTAL = 8, 16 * 2**20, 64 * 2**20  # what one device call brings back from $OUT
 MARGIN = 2**20  # tar's headers and padding, and the suite's own files written after the count
 PREFIX = "partial-runs.tar."
+PLACED = ".placed.json"  # in a runs folder: the rounds at which unpack placed its runs (pack skips the unmoved)
 
 
 def checkpoint_round(run_dir: Path) -> int:
@@ -67,13 +73,19 @@ def partial_runs(runs_dir: Path) -> list[tuple[Path, int]]:
 
 
 def pack(runs_dir: Path, out: Path, max_files: int = MAX_FILES, max_file: int = MAX_FILE,
-         max_total: int = MAX_TOTAL, margin: int = MARGIN) -> list[str]:
-    """Write the partial runs of ``runs_dir`` that fit into ``out`` as ``partial-runs.tar.NN`` parts; returns the
+         max_total: int = MAX_TOTAL, margin: int = MARGIN, skip: frozenset[str] = frozenset(),
+         skip_unmoved: bool = False) -> list[str]:
+    """Write the partial runs of ``runs_dir`` (but those named in ``skip`` and, with ``skip_unmoved``, those still at
+    the checkpoint ``unpack`` placed them at) that fit into ``out`` as ``partial-runs.tar.NN`` parts; returns the
     names of the runs packed."""
+    for old in out.glob(PREFIX + "*"):  # an earlier pack's: replaced
+        old.unlink()
     present = [f for f in out.iterdir() if f.is_file()]
     room = min((max_files - len(present)) * max_file, max_total - sum(f.stat().st_size for f in present)) - margin
     chosen, used = [], 0
-    runs = [(run_dir, saved_seconds(run_dir, done), size(run_dir)) for run_dir, done in partial_runs(runs_dir)]
+    placed = json.loads((runs_dir / PLACED).read_text()) if skip_unmoved and (runs_dir / PLACED).exists() else {}
+    runs = [(run_dir, saved_seconds(run_dir, done), size(run_dir)) for run_dir, done in partial_runs(runs_dir)
+            if run_dir.name not in skip and placed.get(run_dir.name) != done]  # nothing new: stays
     for run_dir, seconds, nbytes in sorted(runs, key=lambda r: -r[1] / max(r[2], 1)):
         if used + nbytes <= room:
             chosen.append(run_dir)
@@ -111,7 +123,7 @@ def unpack(folder: Path, runs_dir: Path) -> list[str]:
     if not parts:
         return []
     runs_dir.mkdir(parents=True, exist_ok=True)
-    said = []
+    said, placed = [], {}
     with tempfile.TemporaryDirectory(dir=runs_dir, prefix=".lease-") as tmp:
         with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
             tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
@@ -126,21 +138,47 @@ def unpack(folder: Path, runs_dir: Path) -> list[str]:
             else:
                 shutil.rmtree(here, ignore_errors=True)
                 run.rename(here)
+                placed[run.name] = came
                 said.append(f"{run.name}: checkpoint of round {came} in place; a suite resumes it")
+    path = runs_dir / PLACED
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**earlier, **placed}))
     return said
 
 
+def saved_in(results: Path) -> frozenset[str]:
+    """The run folder names the committed tables under ``results`` hold (``runner.saved_runs``)."""
+    from hetfl.bench.runner import saved_runs
+
+    return frozenset(name for folder in results.iterdir() if folder.is_dir() for name in saved_runs(folder))
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in ("pack", "unpack"):
-        print(__doc__.split("\n\n")[2], file=sys.stderr)
-        return 2
-    if argv[0] == "pack":
-        names = pack(Path(argv[1]), Path(argv[2]))
-        print(f"lease_runs: {len(names)} runs cut short brought back from their checkpoints: {', '.join(names)}"
-              if names else "lease_runs: no run cut short with a checkpoint fits")
-    else:
-        for line in unpack(Path(argv[1]), Path(argv[2])):
+    parser = argparse.ArgumentParser(prog="lease_runs.py", description=__doc__.split("\n\n")[0])
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    packing = verbs.add_parser("pack", help="the runs of RUNS_DIR cut short, into OUT")
+    packing.add_argument("runs_dir", type=Path)
+    packing.add_argument("out", type=Path)
+    packing.add_argument("--room", type=float, help="MiB at most (default: what a device call brings back)")
+    packing.add_argument("--skip-saved", type=Path, metavar="RESULTS", help="leave out the runs its tables hold")
+    packing.add_argument("--skip-unmoved", action="store_true",
+                         help="leave out the runs still where unpack placed them (the lease's way back)")
+    unpacking = verbs.add_parser("unpack", help="the runs of FOLDER's parts, into RUNS_DIR")
+    unpacking.add_argument("folder", type=Path)
+    unpacking.add_argument("runs_dir", type=Path)
+    args = parser.parse_args(argv)
+    if args.verb == "unpack":
+        for line in unpack(args.folder, args.runs_dir):
             print(f"lease_runs: {line}")
+        return 0
+    if not args.runs_dir.is_dir():
+        print(f"lease_runs: no runs folder {args.runs_dir}: nothing to pack")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    names = pack(args.runs_dir, args.out, max_total=int(args.room * 2**20) if args.room else MAX_TOTAL,
+                 skip=saved_in(args.skip_saved) if args.skip_saved else frozenset(), skip_unmoved=args.skip_unmoved)
+    print(f"lease_runs: {len(names)} runs cut short packed into {args.out}: {', '.join(names)}" if names
+          else "lease_runs: no run cut short with a checkpoint to pack")
     return 0
 
 

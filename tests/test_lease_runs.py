@@ -1,11 +1,14 @@
 """scripts/lease_runs.py: the runs a lease's budget cut short come back from their checkpoints and go on here."""
 
+import shutil
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from hetfl.bench.runner import config_key, run_lock
+from hetfl.methods import config_from
 from hetfl.sim import Simulation
 from weights import assert_identical
 
@@ -13,23 +16,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import lease_runs  # noqa: E402
 
 
-def bench_cfg(tiny_cfg, out: Path, seed: int):
-    """A FedAvg run named and placed as `hetfl bench` names its runs (METHOD-KEY-sSEED: the bench lock's key)."""
-    cfg = tiny_cfg(method="alllarge", rounds=3, seed=seed, out=str(out))
+def bench_cfg(out: Path, seed: int):
+    """A tiny FedAvg run named and placed as `hetfl bench` names its runs (METHOD-KEY-sSEED: the bench lock's key)."""
+    cfg = config_from(dict(method="alllarge", dataset="digits", model_width=0.25, num_clients=20, client_fraction=0.25,
+                           rounds=3, batch_size=16, lr=0.05, checkpoint_every=1, seed=seed, out=str(out)))
     return cfg.replace(name=f"{cfg.method}-{config_key(cfg)}-s{seed}")
 
 
-def lease(tiny_cfg, there: Path):
-    """Three runs on the lease: two rounds of three (a), finished (b), one round of three (c)."""
-    cfgs = [bench_cfg(tiny_cfg, there, seed) for seed in (0, 1, 2)]
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """Three runs, made once: two rounds of three (a), finished (b), one round of three (c); and a whole run of a."""
+    root = tmp_path_factory.mktemp("made")
+    cfgs = [bench_cfg(root / "runs", seed) for seed in (0, 1, 2)]
     Simulation(cfgs[0]).run(progress=False, stop_after=2)
     Simulation(cfgs[1]).run(progress=False)
     Simulation(cfgs[2]).run(progress=False, stop_after=1)
-    return cfgs
+    whole = Simulation(cfgs[0].replace(out=str(root / "whole"))).run(progress=False)
+    return root / "runs", cfgs, Path(whole["run_dir"]) / "final_model.pt"
 
 
-def test_pack_brings_back_the_runs_cut_short_in_parts_within_the_limits(tiny_cfg, tmp_path):
-    a, _, c = lease(tiny_cfg, tmp_path / "there")
+def lease(made, there: Path):
+    """The made runs, copied to ``there``."""
+    shutil.copytree(made[0], there)
+    return [cfg.replace(out=str(there)) for cfg in made[1]]
+
+
+def test_pack_brings_back_the_runs_cut_short_in_parts_within_the_limits(made, tmp_path):
+    a, _, c = lease(made, tmp_path / "there")
     out = tmp_path / "out"
     out.mkdir()
     (out / "suite.log").write_text("x" * 1000)
@@ -45,14 +58,27 @@ def test_pack_brings_back_the_runs_cut_short_in_parts_within_the_limits(tiny_cfg
         p.unlink()
     room = max(sizes) + part
     assert lease_runs.pack(tmp_path / "there", out, max_file=room, max_total=room + 1000, margin=0) == [a.name]
+    assert lease_runs.pack(tmp_path / "there", out, skip=frozenset({a.name})) == [c.name]  # a committed table's
+    assert len(list(out.glob("partial-runs.tar.*"))) == 1  # an earlier pack's parts are replaced
 
 
-def test_unpack_resumes_here_and_never_replaces_a_run_further_along_or_busy(tiny_cfg, tmp_path):
-    a, b, c = lease(tiny_cfg, tmp_path / "there")
+def test_the_way_back_leaves_out_the_runs_that_did_not_move(made, tmp_path):
+    """Runs a CPU began go to a lease (stage); what comes back are the ones the lease moved on."""
+    a, _, c = lease(made, tmp_path / "cpu")
+    staged, back, there = tmp_path / "staged", tmp_path / "back", tmp_path / "there"
+    staged.mkdir(), back.mkdir()
+    assert sorted(lease_runs.pack(tmp_path / "cpu", staged)) == sorted([a.name, c.name])
+    assert len(lease_runs.unpack(staged, there)) == 2
+    assert lease_runs.pack(there, back, skip_unmoved=True) == []
+    Simulation.resume(there / c.name, device="cpu").run(progress=False, stop_after=2)
+    assert lease_runs.pack(there, back, skip_unmoved=True) == [c.name]
+
+
+def test_unpack_resumes_here_and_never_replaces_a_run_further_along_or_busy(made, tmp_path):
+    a, b, c = lease(made, tmp_path / "there")
     out, here = tmp_path / "out", tmp_path / "here"
     out.mkdir()
     assert len(lease_runs.pack(tmp_path / "there", out)) == 2
-    whole = Simulation(bench_cfg(tiny_cfg, tmp_path / "whole", 0)).run(progress=False)
 
     c_here = c.replace(out=str(here))
     Simulation(c_here).run(progress=False, stop_after=2)  # here, c is a round further than the lease's
@@ -61,7 +87,7 @@ def test_unpack_resumes_here_and_never_replaces_a_run_further_along_or_busy(tiny
                     f"{c.name}: here at round 2, the lease's at 1; kept"]
     resumed = Simulation.resume(here / a.name, device="cpu")
     assert resumed.start_round == 2
-    assert_identical(torch.load(Path(whole["run_dir"]) / "final_model.pt", weights_only=True),
+    assert_identical(torch.load(made[2], weights_only=True),
                      torch.load(Path(resumed.run(progress=False)["run_dir"]) / "final_model.pt", weights_only=True))
 
     said = lease_runs.unpack(out, here)  # again: a is finished here now
