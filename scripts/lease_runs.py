@@ -30,6 +30,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from hetfl.bench.runner import saved_runs
+from hetfl.bench.suite import checkpoint_of
+
 MAX_FILES, MAX_FILE, MAX_TOTAL = 8, 16 * 2**20, 64 * 2**20  # what one device call brings back from $OUT
 MARGIN = 2**20  # tar's headers and padding, and the suite's own files written after the count
 PREFIX = "partial-runs.tar."
@@ -38,16 +41,7 @@ PLACED = ".placed.json"  # in a runs folder: the rounds at which unpack placed i
 
 def checkpoint_round(run_dir: Path) -> int:
     """The round of the run folder's last checkpoint (0: none, or unreadable)."""
-    import torch
-
-    for folder in ("checkpoint", "checkpoint.old"):  # .old: a kill between a checkpoint's two renames
-        path = run_dir / folder / "state.pt"
-        if path.exists():
-            try:
-                return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["round"])
-            except Exception:  # damaged: nothing worth bringing back
-                return 0
-    return 0
+    return checkpoint_of(run_dir)[0]
 
 
 def saved_seconds(run_dir: Path, upto: int) -> float:
@@ -148,8 +142,6 @@ def unpack(folder: Path, runs_dir: Path) -> list[str]:
 
 def saved_in(results: Path) -> frozenset[str]:
     """The run folder names the committed tables under ``results`` hold (``runner.saved_runs``)."""
-    from hetfl.bench.runner import saved_runs
-
     return frozenset(name for folder in results.iterdir() if folder.is_dir() for name in saved_runs(folder))
 
 

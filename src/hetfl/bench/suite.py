@@ -122,7 +122,7 @@ def suite_jobs(suite: list[PresetRuns]) -> list[Job]:
     return list(jobs.values())
 
 
-def _checkpoint(run_dir: Path) -> tuple[int, list[dict]]:
+def checkpoint_of(run_dir: Path) -> tuple[int, list[dict]]:
     """The round of the run folder's last checkpoint and its segments, ``Simulation.segments`` ((0, []) if none or
     unreadable)."""
     import torch
@@ -139,7 +139,7 @@ def _checkpoint(run_dir: Path) -> tuple[int, list[dict]]:
 
 
 def _checkpoint_round(run_dir: Path) -> int:
-    return _checkpoint(run_dir)[0]
+    return checkpoint_of(run_dir)[0]
 
 
 def estimate(job: Job, jobs: list[Job], finished: dict[str, dict]) -> float | None:
@@ -147,7 +147,7 @@ def estimate(job: Job, jobs: list[Job], finished: dict[str, dict]) -> float | No
     ``finished``: the summaries of the finished runs, by run folder name."""
     cfg, device = job.cfg, device_type(job.cfg.device)
     run_dir = Path(cfg.out) / cfg.name
-    done, segments = _checkpoint(run_dir)
+    done, segments = checkpoint_of(run_dir)
 
     def here(round_index: int) -> bool:  # computed on this device type (a segment without a device: as before)
         began = [s for s in segments if s.get("from_round", 1) <= round_index]
