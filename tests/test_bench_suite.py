@@ -137,8 +137,8 @@ def test_an_out_that_is_a_file_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,fragment", [
     (["demo", "extra"], "hetfl: error: unrecognized arguments: extra"),
-    (["demo", "--workers", "2"], "--workers and --time-budget are options of hetfl bench suite"),
-    (["demo", "--time-budget", "60"], "--workers and --time-budget are options of hetfl bench suite"),
+    (["demo", "--workers", "2"], "--workers, --time-budget and --plan are options of hetfl bench suite"),
+    (["demo", "--time-budget", "60"], "--workers, --time-budget and --plan are options of hetfl bench suite"),
     ([], "hetfl: error: bench: the following arguments are required: preset"),
 ])
 def test_other_benches_take_one_preset_and_no_suite_options(tmp_path, capsys, args, fragment):
@@ -198,7 +198,7 @@ def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(
         lines = [json.dumps({"round": r, "seconds": s}) for r, s in enumerate(seconds, 1)]
         (tmp_path / name / "metrics.jsonl").write_text("\n".join(lines) + "\n")
         if checkpoint:
-            (tmp_path / name / "checkpoint").mkdir()
+            (tmp_path / name / "checkpoint").mkdir(exist_ok=True)
             torch.save({"round": checkpoint, "segments": list(segments)}, tmp_path / name / "checkpoint" / "state.pt")
 
     sibling, few, many, lease, fresh = (job("sib", 0), job("few", 1), job("many", 2), job("lease", 3),
@@ -216,3 +216,31 @@ def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(
     assert estimate(lease, jobs, {}) == pytest.approx(30 * 10)  # never the lease's 1 s
     assert estimate(fresh, jobs, finished) == pytest.approx(10 * 20)  # its preset's pace
     assert estimate(fresh, jobs, {}) is None
+    (tmp_path / "lease" / "config.json").write_text(json.dumps({"device": "cuda"}))  # an older lease run: began
+    logged("lease", [1.0] * 8, checkpoint=8, segments=[{"from_round": 1}])  # there, its segments name no device
+    assert estimate(lease, jobs, {}) is None
+    mixed = {"wall_seconds": 150.0, "rounds": 20, "device": "cpu", "segments": [  # 10 rounds there, 10 here
+        {"from_round": 1, "device": "cuda", "elapsed_before": 0.0},
+        {"from_round": 11, "device": "cpu", "elapsed_before": 50.0}]}
+    assert estimate(fresh, jobs, {"sib": mixed}) == pytest.approx(10 * 20)  # its CPU rounds' pace only
+
+
+def test_the_plan_follows_the_workers_rules(tmp_path):
+    """Three runs of 200 s (their label's pace) on two workers: the third finishes, is cut short or waits, as the
+    budget allows; a run whose estimate misses the budget whole is put aside until its worker's pass ends."""
+    from hetfl.bench.suite import Job, plan
+    from hetfl.methods import config_from
+
+    def job(seed):
+        return Job(config_from(dict(dataset="digits", rounds=20, seed=seed, out=str(tmp_path), name=f"r{seed}")),
+                   labels=[("p", "A")])
+
+    jobs = [job(seed) for seed in range(4)]
+    known = {"r0": {"wall_seconds": 200.0, "rounds": 20}}  # 10 s a round: 200 s a run
+
+    def outcomes(budget):
+        return [(p.job.cfg.name, p.start, p.end) for p in plan(jobs, known, tmp_path, budget, workers=2)]
+
+    assert outcomes(500) == [("r1", 0, 205), ("r2", 0, 205), ("r3", 205, 410)]  # 5 s: a run's start
+    assert outcomes(400) == [("r1", 0, 205), ("r2", 0, 205), ("r3", 205, None)]  # cut short: reaches round 1
+    assert outcomes(100) == [("r1", 0, None), ("r2", 0, None), ("r3", None, None)]  # no room for a third

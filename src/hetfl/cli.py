@@ -123,7 +123,7 @@ def check_bench_args(args) -> list[int] | None:
                              ("workers", args.workers, 1)):
         if value is not None and value < low:
             raise HetflError(f"{command}: --{flag} must be an integer >= {low}, got {value}")
-    if args.device is not None:
+    if args.device is not None and not getattr(args, "plan", False):  # a lease's plan is made here
         from .sim import resolve_device
 
         resolve_device(args.device)
@@ -250,7 +250,7 @@ def cmd_bench_suite(args, seeds: list[int] | None) -> int:
     result = run_suite(args.more_presets, time_budget=args.time_budget,
                        workers=1 if args.workers is None else args.workers, device=args.device, out=args.out,
                        runs_dir=args.runs_dir, rounds=args.rounds, seeds=seeds, progress=not args.quiet,
-                       reuse_saved=args.reuse_saved)
+                       reuse_saved=args.reuse_saved, plan_only=args.plan)
     return result["exit_code"]
 
 
@@ -260,8 +260,8 @@ def cmd_bench(args) -> int:
         return cmd_bench_suite(args, seeds)
     if args.more_presets:  # the message argparse gave before `suite` took more than one preset
         raise HetflError(f"unrecognized arguments: {' '.join(args.more_presets)}")
-    if args.workers is not None or args.time_budget is not None:
-        raise HetflError("bench: --workers and --time-budget are options of hetfl bench suite")
+    if args.workers is not None or args.time_budget is not None or args.plan:
+        raise HetflError("bench: --workers, --time-budget and --plan are options of hetfl bench suite")
     if args.preset == "memory":
         from .bench.memory import run_memory
 
@@ -483,6 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workers", type=int, help="suite: worker processes sharing the runs (default 1)")
     bench.add_argument("--time-budget", type=float, metavar="SECONDS", help="suite: the seconds to spend; it starts "
                        "no run whose estimate does not fit and stops its workers before the end (required)")
+    bench.add_argument("--plan", action="store_true", help="suite: train nothing; say which runs would start, "
+                       "finish or be cut short within --time-budget if every estimate held (a lease's plan, made here)")
     bench.add_argument("--model", help="memory: the backbone (default resnet18)")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
     bench.add_argument("--report-only", action="store_true", help="train nothing: rewrite table.md from the "

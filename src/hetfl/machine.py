@@ -45,15 +45,23 @@ def device_type(device) -> str:
     return str(device).split(":")[0]
 
 
-def device_seconds(summary: dict) -> dict[str, float]:
-    """A run's wall seconds (``Simulation.elapsed``) per device type: each segment's, from the elapsed seconds at
-    its start to the next one's, where the segments record both (runs since they do); else all on the summary's
-    device (a summary without one is a CPU run's: every run before the field was one)."""
-    wall = summary.get("wall_seconds") or 0.0
+def device_split(summary: dict) -> dict[str, tuple[float, int]]:
+    """A run's wall seconds (``Simulation.elapsed``) and rounds per device type: each segment's, from the elapsed
+    seconds and round at its start to the next one's, where the segments record both (runs since they do); else
+    all on the summary's device (a summary without one is a CPU run's: every run before the field was one)."""
+    wall, rounds = summary.get("wall_seconds") or 0.0, summary.get("rounds") or 0
     segments = summary.get("segments") or []
     if not (segments and all("device" in s and "elapsed_before" in s for s in segments)):
-        return {device_type(summary.get("device", "cpu")): wall}
-    seconds: Counter = Counter()
-    for segment, end in zip(segments, [s["elapsed_before"] for s in segments[1:]] + [wall]):
-        seconds[device_type(segment["device"])] += end - segment["elapsed_before"]
-    return dict(seconds)
+        return {device_type(summary.get("device", "cpu")): (wall, rounds)}
+    split: dict[str, tuple[float, int]] = {}
+    for segment, (end, last) in zip(segments, [(s["elapsed_before"], s["from_round"] - 1) for s in segments[1:]]
+                                    + [(wall, rounds)]):
+        seconds, done = split.get(device_type(segment["device"]), (0.0, 0))
+        split[device_type(segment["device"])] = (seconds + end - segment["elapsed_before"],
+                                                 done + last - segment["from_round"] + 1)
+    return split
+
+
+def device_seconds(summary: dict) -> dict[str, float]:
+    """A run's wall seconds per device type (``device_split``)."""
+    return {device: seconds for device, (seconds, _) in device_split(summary).items()}

@@ -14,11 +14,15 @@ time left before the stop (``estimate``: the seconds it still needs):
 1. a run that has logged ``OWN_PACE_ROUNDS`` rounds or more on this device type (a run a lease began and this
    machine goes on with has logged rounds of both; its checkpoint's segments say which): their mean ``seconds``
    x the rounds after its last checkpoint;
-2. else the mean seconds per round (``wall_seconds / rounds``) of the finished runs of the same preset and
-   label (other seeds) made on the same device type, x the rounds after its last checkpoint;
+2. else the mean seconds per round of the finished runs of the same preset and label (other seeds) on the same
+   device type (their rounds there: ``machine.device_split``), x the rounds after its last checkpoint;
 3. else the same over every finished run of its presets on that device type;
 4. else its own few logged rounds, as in 1;
 5. else nothing is known: it starts if ``START_SECONDS`` are left (the stop below bounds what it costs).
+
+``--plan`` trains nothing: it prints, for every run left, its estimate, which rule gave it, and what the
+workers would do with it within the budget if every estimate held (``plan``), on any machine: a lease's plan
+is made before the lease, from the summaries its earlier leases left.
 
 A run's first rounds say little of its pace (a moment of contention, round 1's first kernels): two rounds of
 a ReeFL run timed at 94 s each under contention once put its estimate at five times its siblings' pace, and it
@@ -45,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -58,7 +63,7 @@ from statistics import mean
 
 from ..config import Config
 from ..errors import HetflError
-from ..machine import device_type
+from ..machine import device_split, device_type
 from ..rundir import read_jsonl
 from .runner import (FINISHED, _named_configs, _record_finished, at_target, finished_run, load_preset, read_finished,
                      run_bench, run_lock, run_one, saved_runs)
@@ -145,13 +150,19 @@ def _checkpoint_round(run_dir: Path) -> int:
 def estimate(job: Job, jobs: list[Job], finished: dict[str, dict]) -> float | None:
     """Seconds ``job``'s run still needs, by the rule of the module's docstring; None when nothing is known.
     ``finished``: the summaries of the finished runs, by run folder name."""
+    return estimate_and_source(job, jobs, finished)[0]
+
+
+def estimate_and_source(job: Job, jobs: list[Job], finished: dict[str, dict]) -> tuple[float | None, str]:
+    """``estimate`` and which rule gave it, in words."""
     cfg, device = job.cfg, device_type(job.cfg.device)
     run_dir = Path(cfg.out) / cfg.name
     done, segments = checkpoint_of(run_dir)
+    began_on = _folder_device(run_dir)
 
-    def here(round_index: int) -> bool:  # computed on this device type (a segment without a device: as before)
+    def here(round_index: int) -> bool:  # computed on this device type: its segment's (older ones: where it began)
         began = [s for s in segments if s.get("from_round", 1) <= round_index]
-        return not began or device_type(began[-1].get("device", device)) == device
+        return device_type(began[-1].get("device", began_on) if began else began_on) == device
 
     try:  # a lease's run goes on here: only the rounds timed on this device type count
         logged = [r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl")[0] if r.get("seconds")
@@ -160,16 +171,23 @@ def estimate(job: Job, jobs: list[Job], finished: dict[str, dict]) -> float | No
         logged = []
     left = max(cfg.rounds - done, 0)
     if len(logged) >= OWN_PACE_ROUNDS:
-        return mean(logged) * left
+        return mean(logged) * left, f"its own {len(logged)} rounds"
     presets = {p for p, _ in job.labels}
-    for related in (lambda other: set(other.labels) & set(job.labels),
-                    lambda other: {p for p, _ in other.labels} & presets):
-        paces = [s["wall_seconds"] / s["rounds"] for other in jobs
-                 if (s := finished.get(other.cfg.name)) and related(other) and s.get("rounds")
-                 and device_type(s.get("device", "cpu")) == device]  # a summary without a device is a CPU run's
-        if paces:
-            return mean(paces) * left
-    return mean(logged) * left if logged else None
+    for whose, related in (("its label's", lambda other: set(other.labels) & set(job.labels)),
+                           ("its preset's", lambda other: {p for p, _ in other.labels} & presets)):
+        splits = [split[device] for other in jobs if (s := finished.get(other.cfg.name)) and related(other)
+                  and device in (split := device_split(s)) and split[device][1]]
+        if splits:
+            return mean(seconds / rounds for seconds, rounds in splits) * left, f"{whose} runs on {device}"
+    return (mean(logged) * left, f"its own {len(logged)} rounds") if logged else (None, "nothing known")
+
+
+def _folder_device(run_dir: Path) -> str:
+    """The device the run folder's config.json names (where the run began; cpu when unreadable)."""
+    try:
+        return str(json.loads((run_dir / "config.json").read_text()).get("device", "cpu"))
+    except (OSError, ValueError, AttributeError):
+        return "cpu"
 
 
 def to_next_checkpoint(cfg: Config, runs_root: Path) -> int:
@@ -197,6 +215,67 @@ def may_start(job: Job, jobs: list[Job], known: dict[str, dict], runs_root: Path
 def fits(seconds: float | None, left: float) -> bool:
     """Whether a run estimated at ``seconds`` (None: unknown) may start with ``left`` seconds to the stop."""
     return ESTIMATE_MARGIN * (seconds or 0.0) + START_SECONDS <= left
+
+
+@dataclass
+class Planned:
+    """What the suite would do with one run left if every estimate held (``plan``)."""
+
+    job: Job
+    need: float | None  # its estimate (None: unknown)
+    source: str  # which rule gave it
+    start: float | None = None  # seconds into the budget; None: not started
+    end: float | None = None  # when it finishes; None: cut short at the stop (its checkpoints kept) or not started
+
+
+def plan(jobs: list[Job], known: dict[str, dict], runs_root: Path, budget: float, workers: int) -> list[Planned]:
+    """The runs left, in the suite's order, with what ``workers`` workers would do in ``budget`` seconds if every
+    estimate held: ``_work``'s rules (each worker takes the next free run that fits whole, puts aside one that only
+    reaches its next checkpoint and takes those after the others), with a run's estimate fixed at the start and a
+    run without one holding its worker to the stop."""
+    stop = budget - stop_margin(budget)
+    left = [Planned(j, *estimate_and_source(j, jobs, known)) for j in jobs if j.cfg.name not in known]
+    todo = [p for p in left if may_start(p.job, jobs, known, runs_root, stop)]
+    taken: set[str] = set()
+    free = [(0.0, w) for w in range(min(workers, len(todo)))]  # (when it is free, worker)
+    queues = {w: [(False, p) for p in todo] for _, w in free}  # (put aside, run): its pass, then what it put aside
+    while free:
+        free.sort()
+        t, w = free.pop(0)
+        while queues[w]:
+            aside, p = queues[w].pop(0)
+            if p.job.cfg.name in taken:
+                continue
+            if not aside and not fits(p.need, stop - t):
+                if fits(to_checkpoint(p.job, p.need, runs_root), stop - t):
+                    queues[w].append((True, p))
+                continue
+            if aside and not fits(to_checkpoint(p.job, p.need, runs_root), stop - t):
+                continue
+            taken.add(p.job.cfg.name)
+            p.start = t
+            finish = t + START_SECONDS + p.need if p.need is not None else math.inf
+            if finish <= stop:
+                p.end = finish
+                free.append((finish, w))
+            break
+    return left
+
+
+def plan_lines(planned: list[Planned], budget: float, workers: int, device: str) -> list[str]:
+    """``plan`` for people: a line per run left and the counts."""
+    lines = [f"[plan] {workers} worker(s), {budget:g} s on {device}, if every estimate held:"]
+    for p in planned:
+        cfg, (preset, label) = p.job.cfg, p.job.labels[0]
+        need = f"{p.need:.0f} s ({p.source})" if p.need is not None else "no estimate"
+        what = ("not started" if p.start is None else f"from {p.start:.0f} s to {p.end:.0f} s: finishes"
+                if p.end is not None else f"from {p.start:.0f} s: cut short at the stop, its checkpoints kept")
+        lines.append(f"[plan] {preset} {label}, seed {cfg.seed}, {need}: {what}")
+    done = sum(p.end is not None for p in planned)
+    cut = sum(p.start is not None and p.end is None for p in planned)
+    lines.append(f"[plan] {done} of {len(planned)} runs left would finish, {cut} would be cut short, "
+                 f"{len(planned) - done - cut} not started")
+    return lines
 
 
 def _finished(jobs: list[Job], runs_root: Path, known: dict[str, dict]) -> dict[str, dict]:
@@ -303,11 +382,13 @@ def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: flo
 
 def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: str | None = None,
               out: str | None = None, runs_dir: str | None = None, rounds: int | None = None,
-              seeds: list[int] | None = None, progress: bool = True, reuse_saved: bool = False) -> dict:
+              seeds: list[int] | None = None, progress: bool = True, reuse_saved: bool = False,
+              plan_only: bool = False) -> dict:
     """Train what fits of the presets' runs within ``time_budget`` seconds and write the finished presets' tables
     (``reuse_saved``: the runs their results folders already hold count as finished); returns counts: finished
     (this call), left, estimated_seconds_left, unestimated (runs left without an estimate), tables (the tables
-    written) and exit_code (1 if a worker failed)."""
+    written) and exit_code (1 if a worker failed). ``plan_only``: train nothing, print ``plan`` (on any machine: a
+    lease's plan is made before the lease) and return {"planned": its list, "exit_code": 0}."""
     started = time.monotonic()
     import torch  # noqa: F401  (now, inside the budget's clock: the estimates read checkpoints with it)
 
@@ -318,7 +399,7 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     for path, flag in ((out, "--out"), (runs_dir, "--runs-dir")):
         if path and Path(path).exists() and not Path(path).is_dir():
             raise HetflError(f"bench suite: {flag} {path} is a file; give a folder")
-    if device is not None:
+    if device is not None and not plan_only:
         from ..sim import resolve_device
 
         resolve_device(device)  # cuda asked for on a machine without it: an error now, not in every worker
@@ -328,6 +409,10 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     jobs = suite_jobs(suite)
 
     known = _finished(jobs, runs_root, _saved(suite, jobs) if reuse_saved else {})
+    if plan_only:
+        planned = plan(jobs, known, runs_root, time_budget, workers)
+        print("\n".join(plan_lines(planned, time_budget, workers, device or "cpu")), flush=True)
+        return {"planned": planned, "exit_code": 0}
     before = set(known)
     stop_at = started + time_budget - stop_margin(time_budget)
     # only runs that may fit now: a suite with nothing to do starts no process
