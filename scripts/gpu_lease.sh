@@ -25,6 +25,8 @@
 #           hetfl bench PRESET --report-only --reuse-saved
 #
 # SECONDS: the device time left less 3 minutes (the machine's start and the copies back). DEVICE=cpu runs it here.
+# Before the lease, `hetfl bench suite PRESET... --out docs/results --reuse-saved --device cuda --workers N
+# --time-budget SECONDS --plan` says here which runs would finish: put first the presets whose runs can.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LEASE=.lease

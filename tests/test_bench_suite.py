@@ -244,3 +244,13 @@ def test_the_plan_follows_the_workers_rules(tmp_path):
     assert outcomes(500) == [("r1", 0, 205), ("r2", 0, 205), ("r3", 205, 410)]  # 5 s: a run's start
     assert outcomes(400) == [("r1", 0, 205), ("r2", 0, 205), ("r3", 205, None)]  # cut short: reaches round 1
     assert outcomes(100) == [("r1", 0, None), ("r2", 0, None), ("r3", None, None)]  # no room for a third
+
+
+def test_a_plan_trains_nothing_and_may_name_a_device_this_machine_lacks(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert main(["bench", "suite", "demo", "--device", "cuda", "--workers", "4", "--time-budget", "600", "--plan",
+                 "--out", str(tmp_path / "out"), "--runs-dir", str(runs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[plan] 4 worker(s), 600 s on cuda, if every estimate held:"
+    assert lines[-1] == "[plan] 0 of 3 runs left would finish, 3 would be cut short, 0 not started"  # no estimate
+    assert not runs.exists() and not (tmp_path / "out").exists()
