@@ -352,6 +352,12 @@ def test_the_report_says_which_devices_its_runs_computed_on():
                                                                         "elapsed_before": 20.0}]}
     note = devices_note({"A": [on("cuda"), resumed], "B": [on(None)]})
     assert note.startswith("Runs computed on cpu (1), cpu+cuda (1), cuda (1): ")
+    h100 = {"from_round": 1, "gpu": "NVIDIA H100 80GB HBM3", "cpu": "Intel(R) Xeon(R) Processor"}  # no device: older
+    resumed["segments"][0].update(gpu="NVIDIA H100 80GB HBM3")
+    resumed["segments"][1].update(cpu="AMD EPYC 7B13", cpu_capability="AVX2")
+    note = devices_note({"A": [{**on("cuda"), "segments": [h100]}, resumed], "B": [on(None)]})
+    assert note.startswith("Runs computed on cpu (1), cpu+cuda (1), cuda (1) "
+                           "(cpu: AMD EPYC 7B13, AVX2; cuda: NVIDIA H100 80GB HBM3): ")
 
 
 def curved(points, rounds=30, wall=None, device=None):

@@ -32,7 +32,8 @@ def describe(device) -> dict:
     CUDA the GPU's name too."""
     import torch  # here: report.py, torch-free, reads the segments with this module
 
-    out = {"device": str(device), "torch": str(torch.__version__), "cpu": cpu_model(),  # str: a TorchVersion does not load weights_only
+    # str(): a TorchVersion does not load with weights_only
+    out = {"device": str(device), "torch": str(torch.__version__), "cpu": cpu_model(),
            "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
            "threads": torch.get_num_threads()}
     if device.type == "cuda":

@@ -10,7 +10,7 @@ import math
 import statistics
 from collections import Counter
 
-from .machine import device_seconds
+from .machine import device_seconds, device_type
 
 
 def _exit_columns(evaluations: list[dict]) -> list[str]:
@@ -540,10 +540,21 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
 
 def devices_note(results: dict[str, list[dict]]) -> str:
     """Which device types the runs computed on ("cpu+cuda": a run resumed on another device,
-    ``machine.device_seconds``), unless all on the CPU; empty then."""
-    counts = Counter("+".join(sorted(device_seconds(s))) for runs in results.values() for s in runs)
+    ``machine.device_split``) and, where their segments say, the hardware, unless all on the CPU; empty then."""
+    runs = [s for summaries in results.values() for s in summaries]
+    counts = Counter("+".join(sorted(device_seconds(s))) for s in runs)
     if set(counts) <= {"cpu"}:
         return ""
+    hardware: dict[str, set[str]] = {}
+    for segment in (segment for s in runs for segment in s.get("segments") or []):
+        gpu = segment.get("gpu")  # a segment before they named their device: a GPU's has its name
+        device = device_type(segment.get("device", "cuda" if gpu else "cpu"))
+        cpu = segment.get("cpu") and f"{segment['cpu']}, {segment.get('cpu_capability')}"
+        name = gpu if device == "cuda" else cpu
+        if name:
+            hardware.setdefault(device, set()).add(name)
+    which = "; ".join(f"{device}: {', '.join(sorted(names))}" for device, names in sorted(hardware.items()))
     return ("Runs computed on " + ", ".join(f"{device} ({n})" for device, n in sorted(counts.items()))
+            + (f" ({which})" if which else "")
             + ": the device is no part of a run's name or values (`bench/runner.py`, `NAMED_ON_DEVICE`), so a "
             "table can gather runs made on several; wall times compare on one device only.")
