@@ -235,7 +235,8 @@ def plan(jobs: list[Job], known: dict[str, dict], runs_root: Path, budget: float
     run without one holding its worker to the stop."""
     stop = budget - stop_margin(budget)
     left = [Planned(j, *estimate_and_source(j, jobs, known)) for j in jobs if j.cfg.name not in known]
-    todo = [p for p in left if may_start(p.job, jobs, known, runs_root, stop)]
+    # may_start's rule, on the estimates just made (each reads the run's log and checkpoint once)
+    todo = [p for p in left if fits(p.need, stop) or fits(to_checkpoint(p.job, p.need, runs_root), stop)]
     taken: set[str] = set()
     free = [(0.0, w) for w in range(min(workers, len(todo)))]  # (when it is free, worker)
     queues = {w: [(False, p) for p in todo] for _, w in free}  # (put aside, run): its pass, then what it put aside
