@@ -118,6 +118,7 @@ def test_a_small_budget_stops_the_worker_and_later_calls_resume(tmp_path):
     (["--time-budget", "60", "--device", "tpu", "demo"], "device 'tpu' is not a torch device"),
     (["--time-budget", "60", "--report-only", "demo"], "--report-only is an option of hetfl bench PRESET"),
     (["--time-budget", "60", "--colour", "red", "demo"], "unrecognized arguments: --colour"),
+    (["--time-budget", "60", "--order", "longest", "demo"], "--order must be one of shortest, given, not 'longest'"),
 ])
 def test_bad_suite_input(tmp_path, capsys, args, fragment):
     out, runs = tmp_path / "out", tmp_path / "runs"
@@ -137,8 +138,9 @@ def test_an_out_that_is_a_file_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,fragment", [
     (["demo", "extra"], "hetfl: error: unrecognized arguments: extra"),
-    (["demo", "--workers", "2"], "--workers, --time-budget and --plan are options of hetfl bench suite"),
-    (["demo", "--time-budget", "60"], "--workers, --time-budget and --plan are options of hetfl bench suite"),
+    (["demo", "--workers", "2"], "--workers, --time-budget, --plan and --order are options of hetfl bench suite"),
+    (["demo", "--time-budget", "60"], "--workers, --time-budget, --plan and --order are options of hetfl bench suite"),
+    (["demo", "--order", "given"], "--workers, --time-budget, --plan and --order are options of hetfl bench suite"),
     ([], "hetfl: error: bench: the following arguments are required: preset"),
 ])
 def test_other_benches_take_one_preset_and_no_suite_options(tmp_path, capsys, args, fragment):
@@ -182,15 +184,16 @@ def test_reuse_saved_trains_only_the_runs_a_committed_table_lacks(tmp_path, caps
 
 
 def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(tmp_path):
-    """The module's rules, on hand-made run folders: few rounds of its own yield to its siblings' pace, and the
-    rounds a lease timed on cuda never estimate a run going on on the CPU."""
+    """The module's rules, on hand-made run folders: few rounds of its own yield to its siblings' pace, the
+    rounds a lease timed on cuda never estimate a run going on on the CPU, and another method's pace never
+    estimates a run."""
     import torch
 
     from hetfl.bench.suite import OWN_PACE_ROUNDS, Job, estimate
     from hetfl.methods import config_from
 
-    def job(name, seed, label="A"):
-        cfg = config_from(dict(dataset="digits", rounds=20, seed=seed, out=str(tmp_path), name=name))
+    def job(name, seed, label="A", method="alllarge"):
+        cfg = config_from(dict(dataset="digits", rounds=20, seed=seed, out=str(tmp_path), name=name, method=method))
         (tmp_path / name).mkdir(exist_ok=True)
         return Job(cfg, labels=[("p", label)])
 
@@ -214,8 +217,10 @@ def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(
     logged("lease", [1.0] * 6 + [30.0] * 4, checkpoint=10, segments=cuda_then_cpu)
     assert estimate(lease, jobs, finished) == pytest.approx(10 * 10)  # 4 CPU rounds: too few, the siblings'
     assert estimate(lease, jobs, {}) == pytest.approx(30 * 10)  # never the lease's 1 s
-    assert estimate(fresh, jobs, finished) == pytest.approx(10 * 20)  # its preset's pace
+    assert estimate(fresh, jobs, finished) == pytest.approx(10 * 20)  # its method's pace, from another label
     assert estimate(fresh, jobs, {}) is None
+    other = job("other", 5, label="C", method="depthfl")  # its preset's, of another method: not its pace
+    assert estimate(other, [*jobs, other], finished) is None
     (tmp_path / "lease" / "config.json").write_text(json.dumps({"device": "cuda"}))  # an older lease run: began
     logged("lease", [1.0] * 8, checkpoint=8, segments=[{"from_round": 1}])  # there, its segments name no device
     assert estimate(lease, jobs, {}) is None
@@ -244,6 +249,31 @@ def test_the_plan_follows_the_workers_rules(tmp_path):
     assert outcomes(500) == [("r1", 0, 205), ("r2", 0, 205), ("r3", 205, 410)]  # 5 s: a run's start
     assert outcomes(400) == [("r1", 0, 205), ("r2", 0, 205), ("r3", 205, None)]  # cut short: reaches round 1
     assert outcomes(100) == [("r1", 0, None), ("r2", 0, None), ("r3", None, None)]  # no room for a third
+
+
+def test_shortest_first_finishes_the_most_runs_and_given_keeps_the_presets_order(tmp_path):
+    """A 400 s run and a run of another method (no estimate: FedDF's case) before three 100 s runs, 340 s on one
+    worker: shortest first finishes the three short runs and gives the rest of the time to the unknown run; the
+    given order puts the long run aside (it can reach its first checkpoint) and lets the unknown one hold the
+    worker from the start: none finishes."""
+    from hetfl.bench.suite import Job, plan
+    from hetfl.methods import config_from
+
+    def job(name, label, method="alllarge"):
+        return Job(config_from(dict(dataset="digits", rounds=20, seed=int(name[-1]), out=str(tmp_path), name=name,
+                                    method=method)), labels=[("p", label)])
+
+    jobs = [job("long1", "L"), job("odd1", "O", method="depthfl"), *(job(f"short{s}", "S") for s in (1, 2, 3))]
+    jobs += [job("long0", "L"), job("short0", "S")]  # their finished siblings: 20 s and 5 s a round
+    known = {"long0": {"wall_seconds": 400.0, "rounds": 20}, "short0": {"wall_seconds": 100.0, "rounds": 20}}
+
+    def outcomes(order):
+        return [(p.job.cfg.name, p.start, p.end) for p in plan(jobs, known, tmp_path, 340, 1, order)]
+
+    assert outcomes("shortest") == [("short1", 0, 105), ("short2", 105, 210), ("short3", 210, 315),
+                                    ("long1", None, None), ("odd1", 315, None)]
+    assert outcomes("given") == [("long1", None, None), ("odd1", 0, None), ("short1", None, None),
+                                 ("short2", None, None), ("short3", None, None)]
 
 
 def test_a_plan_trains_nothing_and_may_name_a_device_this_machine_lacks(tmp_path, capsys):

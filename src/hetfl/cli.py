@@ -250,7 +250,7 @@ def cmd_bench_suite(args, seeds: list[int] | None) -> int:
     result = run_suite(args.more_presets, time_budget=args.time_budget,
                        workers=1 if args.workers is None else args.workers, device=args.device, out=args.out,
                        runs_dir=args.runs_dir, rounds=args.rounds, seeds=seeds, progress=not args.quiet,
-                       reuse_saved=args.reuse_saved, plan_only=args.plan)
+                       reuse_saved=args.reuse_saved, plan_only=args.plan, order=args.order or "shortest")
     return result["exit_code"]
 
 
@@ -260,8 +260,8 @@ def cmd_bench(args) -> int:
         return cmd_bench_suite(args, seeds)
     if args.more_presets:  # the message argparse gave before `suite` took more than one preset
         raise HetflError(f"unrecognized arguments: {' '.join(args.more_presets)}")
-    if args.workers is not None or args.time_budget is not None or args.plan:
-        raise HetflError("bench: --workers, --time-budget and --plan are options of hetfl bench suite")
+    if args.workers is not None or args.time_budget is not None or args.plan or args.order is not None:
+        raise HetflError("bench: --workers, --time-budget, --plan and --order are options of hetfl bench suite")
     if args.preset == "memory":
         from .bench.memory import run_memory
 
@@ -485,6 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "no run whose estimate does not fit and stops its workers before the end (required)")
     bench.add_argument("--plan", action="store_true", help="suite: train nothing; say which runs would start, "
                        "finish or be cut short within --time-budget if every estimate held (a lease's plan, made here)")
+    bench.add_argument("--order", help="suite: which runs the workers take first: 'shortest' (by estimate, the "
+                       "unknown last: the most runs finished within the budget; default) or 'given' (the presets' "
+                       "order, a table finished before the next)")
     bench.add_argument("--model", help="memory: the backbone (default resnet18)")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
     bench.add_argument("--report-only", action="store_true", help="train nothing: rewrite table.md from the "

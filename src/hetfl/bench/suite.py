@@ -16,9 +16,17 @@ time left before the stop (``estimate``: the seconds it still needs):
    x the rounds after its last checkpoint;
 2. else the mean seconds per round of the finished runs of the same preset and label (other seeds) on the same
    device type (their rounds there: ``machine.device_split``), x the rounds after its last checkpoint;
-3. else the same over every finished run of its presets on that device type;
+3. else the same over the suite's finished runs of its method on its model (another row or preset): a round's
+   cost is the method's and the model's. Never another method's pace: FedDF's server distillation makes its
+   round many times a FedAvg round on the same model, and borrowed from its preset's other rows, FedDF's
+   runs of ``scalefl-table3`` were estimated at 750 s on this CPU, where they take hours;
 4. else its own few logged rounds, as in 1;
 5. else nothing is known: it starts if ``START_SECONDS`` are left (the stop below bounds what it costs).
+
+**In which order** (``--order``). ``shortest`` (the default): the runs by their estimates, shortest first, those
+without one last, ties in the presets' order. With a common stop and workers of one speed, shortest first
+finishes the most runs the budget holds (a longer run in its place can only finish later). ``given``: the
+presets' order, run by run, when a table must be finished before the next one starts.
 
 ``--plan`` trains nothing: it prints, for every run left, its estimate, which rule gave it, and what the
 workers would do with it within the budget if every estimate held (``plan``), on any machine: a lease's plan
@@ -172,9 +180,9 @@ def estimate_and_source(job: Job, jobs: list[Job], finished: dict[str, dict]) ->
     left = max(cfg.rounds - done, 0)
     if len(logged) >= OWN_PACE_ROUNDS:
         return mean(logged) * left, f"its own {len(logged)} rounds"
-    presets = {p for p, _ in job.labels}
     for whose, related in (("its label's", lambda other: set(other.labels) & set(job.labels)),
-                           ("its preset's", lambda other: {p for p, _ in other.labels} & presets)):
+                           ("its method's", lambda other: (other.cfg.method, other.cfg.model)
+                            == (cfg.method, cfg.model))):
         splits = [split[device] for other in jobs if (s := finished.get(other.cfg.name)) and related(other)
                   and device in (split := device_split(s)) and split[device][1]]
         if splits:
@@ -206,12 +214,6 @@ def to_checkpoint(job: Job, need: float | None, runs_root: Path) -> float | None
     return None if need is None else need * to_next_checkpoint(cfg, runs_root) / max(left, 1)
 
 
-def may_start(job: Job, jobs: list[Job], known: dict[str, dict], runs_root: Path, left: float) -> bool:
-    """Whether ``job``'s run fits in ``left`` seconds whole, or up to its next checkpoint."""
-    need = estimate(job, jobs, known)
-    return fits(need, left) or fits(to_checkpoint(job, need, runs_root), left)
-
-
 def fits(seconds: float | None, left: float) -> bool:
     """Whether a run estimated at ``seconds`` (None: unknown) may start with ``left`` seconds to the stop."""
     return ESTIMATE_MARGIN * (seconds or 0.0) + START_SECONDS <= left
@@ -228,15 +230,34 @@ class Planned:
     end: float | None = None  # when it finishes; None: cut short at the stop (its checkpoints kept) or not started
 
 
-def plan(jobs: list[Job], known: dict[str, dict], runs_root: Path, budget: float, workers: int) -> list[Planned]:
-    """The runs left, in the suite's order, with what ``workers`` workers would do in ``budget`` seconds if every
-    estimate held: ``_work``'s rules (each worker takes the next free run that fits whole, puts aside one that only
-    reaches its next checkpoint and takes those after the others), with a run's estimate fixed at the start and a
-    run without one holding its worker to the stop."""
+def may_start(p: Planned, runs_root: Path, left: float) -> bool:
+    """Whether ``p``'s run fits in ``left`` seconds whole, or up to its next checkpoint."""
+    return fits(p.need, left) or fits(to_checkpoint(p.job, p.need, runs_root), left)
+
+
+ORDERS = ("shortest", "given")  # --order: the module's docstring, "In which order"
+
+
+def in_order(planned: list[Planned], order: str) -> list[Planned]:
+    """``planned`` in the suite's ``order``: ``shortest``, by estimate with the unknown last (a stable sort: ties
+    keep the presets' order), or ``given``, as they are."""
+    if order not in ORDERS:
+        raise HetflError(f"bench suite: --order must be one of {', '.join(ORDERS)}, not '{order}'")
+    if order == "given":
+        return list(planned)
+    return sorted(planned, key=lambda p: (p.need is None, p.need or 0.0))
+
+
+def plan(jobs: list[Job], known: dict[str, dict], runs_root: Path, budget: float, workers: int,
+         order: str = "shortest") -> list[Planned]:
+    """The runs left, in the suite's ``order``, with what ``workers`` workers would do in ``budget`` seconds if
+    every estimate held: ``_work``'s rules (each worker takes the next free run that fits whole, puts aside one that
+    only reaches its next checkpoint and takes those after the others), with a run's estimate fixed at the start and
+    a run without one holding its worker to the stop."""
     stop = budget - stop_margin(budget)
-    left = [Planned(j, *estimate_and_source(j, jobs, known)) for j in jobs if j.cfg.name not in known]
-    # may_start's rule, on the estimates just made (each reads the run's log and checkpoint once)
-    todo = [p for p in left if fits(p.need, stop) or fits(to_checkpoint(p.job, p.need, runs_root), stop)]
+    left = in_order([Planned(j, *estimate_and_source(j, jobs, known)) for j in jobs if j.cfg.name not in known],
+                    order)
+    todo = [p for p in left if may_start(p, runs_root, stop)]
     taken: set[str] = set()
     free = [(0.0, w) for w in range(min(workers, len(todo)))]  # (when it is free, worker)
     queues = {w: [(False, p) for p in todo] for _, w in free}  # (put aside, run): its pass, then what it put aside
@@ -384,12 +405,13 @@ def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: flo
 def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: str | None = None,
               out: str | None = None, runs_dir: str | None = None, rounds: int | None = None,
               seeds: list[int] | None = None, progress: bool = True, reuse_saved: bool = False,
-              plan_only: bool = False) -> dict:
+              plan_only: bool = False, order: str = "shortest") -> dict:
     """Train what fits of the presets' runs within ``time_budget`` seconds and write the finished presets' tables
     (``reuse_saved``: the runs their results folders already hold count as finished); returns counts: finished
     (this call), left, estimated_seconds_left, unestimated (runs left without an estimate), tables (the tables
     written) and exit_code (1 if a worker failed). ``plan_only``: train nothing, print ``plan`` (on any machine: a
-    lease's plan is made before the lease) and return {"planned": its list, "exit_code": 0}."""
+    lease's plan is made before the lease) and return {"planned": its list, "exit_code": 0}. ``order``: which runs
+    the workers take first (``ORDERS``)."""
     started = time.monotonic()
     import torch  # noqa: F401  (now, inside the budget's clock: the estimates read checkpoints with it)
 
@@ -397,6 +419,7 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
         raise HetflError(f"bench suite: --time-budget must be a number of seconds > 0, not {time_budget}")
     if not (isinstance(workers, int) and workers >= 1):
         raise HetflError(f"bench suite: --workers must be an integer >= 1, not {workers}")
+    in_order([], order)  # an unknown order: an error now
     for path, flag in ((out, "--out"), (runs_dir, "--runs-dir")):
         if path and Path(path).exists() and not Path(path).is_dir():
             raise HetflError(f"bench suite: {flag} {path} is a file; give a folder")
@@ -411,14 +434,16 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
 
     known = _finished(jobs, runs_root, _saved(suite, jobs) if reuse_saved else {})
     if plan_only:
-        planned = plan(jobs, known, runs_root, time_budget, workers)
+        planned = plan(jobs, known, runs_root, time_budget, workers, order)
         print("\n".join(plan_lines(planned, time_budget, workers, device or "cpu")), flush=True)
         return {"planned": planned, "exit_code": 0}
     before = set(known)
     stop_at = started + time_budget - stop_margin(time_budget)
-    # only runs that may fit now: a suite with nothing to do starts no process
-    todo = [j for j in jobs if j.cfg.name not in known and may_start(j, jobs, known, runs_root,
-                                                                         stop_at - time.monotonic())]
+    # only runs that may fit now, in the suite's order: a suite with nothing to do starts no process
+    left = stop_at - time.monotonic()
+    todo = [p.job for p in in_order([Planned(j, estimate(j, jobs, known), "") for j in jobs
+                                     if j.cfg.name not in known], order)
+            if may_start(p, runs_root, left)]
     codes = _run_workers(todo, jobs, runs_root, stop_at, workers, progress, known) if todo else []
     print(f"[suite] {'workers stopped' if todo else 'no run to start'} after {time.monotonic() - started:.1f} s "
           f"of the {time_budget:g} s budget", flush=True)
@@ -448,7 +473,7 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     unestimated = sum(e is None for e in estimates)
     print(f"[suite] runs finished in this call: {len(set(known) - before)}; runs left: {len(unfinished)}; "
           f"estimated device-seconds left: {seconds:.0f}"
-          + " (a run: its own rounds' pace, else that of its label's or its preset's finished runs on its device)"
+          + " (a run: its own rounds' pace, else that of its label's or its method's finished runs on its device)"
           + (f", and {unestimated} runs with nothing to estimate from" if unestimated else ""), flush=True)
     failed = [c for c in codes if c is not None and c > 0]  # negative: killed by a signal, ours
     if failed:
