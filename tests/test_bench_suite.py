@@ -100,6 +100,48 @@ def test_a_small_budget_stops_the_worker_and_later_calls_resume(tmp_path):
     assert rounds == list(range(1, 101))
 
 
+def _workers(pid: int) -> list[int]:
+    """The suite workers whose parent is ``pid`` (Linux's /proc; not multiprocessing's resource tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:  # stat: "pid (name) state ppid ...", the name may hold spaces
+            if (entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid
+                    and b"spawn_main" in (entry / "cmdline").read_bytes()):
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            pass
+    return found
+
+
+@pytest.mark.soak
+def test_a_worker_stops_when_its_suite_process_is_killed(tmp_path):
+    """kill -9 of the suite process (no finally, no SIGTERM to its workers): its worker stops itself within
+    seconds (4 here, unloaded), not at the budget's end, and its run keeps its checkpoint for the next call."""
+    import os
+    import signal
+
+    preset = tmp_path / "long.toml"
+    preset.write_text(LONG)
+    runs = tmp_path / "runs"
+    suite_process = subprocess.Popen([sys.executable, "-m", "hetfl", "bench", "suite", str(preset), "--time-budget",
+                                      "600", "--quiet", "--out", str(tmp_path / "out"), "--runs-dir", str(runs)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(runs.glob("*/checkpoint/state.pt")) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the worker trains: it checkpointed round 1
+        (worker,) = _workers(suite_process.pid)
+        os.kill(suite_process.pid, signal.SIGKILL)
+        suite_process.wait()
+        deadline = time.monotonic() + 60  # a tenth of the budget: a loaded machine may take seconds to stop it
+        while Path(f"/proc/{worker}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
+    finally:
+        suite_process.kill()
+    assert list(runs.glob("*/checkpoint/state.pt")) and not list(runs.glob("*/summary.json"))
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["demo"], "bench suite: --time-budget SECONDS is required"),
     (["--time-budget", "60"], "bench suite: name at least one preset"),

@@ -41,8 +41,8 @@ checkpoint (after round 1, every ``checkpoint_every`` rounds, after the last): i
 so a run longer than any budget advances from call to call.
 
 **How it stops.** Workers are sent SIGTERM ``stop_margin(budget)`` seconds before the budget ends and
-SIGKILL ``TERM_GRACE`` seconds later, so no worker holds the device when the budget ends (a worker whose
-suite process is gone stops itself then, by an alarm). A stopped run keeps its last checkpoint (run folders
+SIGKILL ``TERM_GRACE`` seconds later, so no worker holds the device when the budget ends. A worker whose suite
+process is gone (killed, even by SIGKILL) stops itself at once, as at SIGTERM: it watches its parent. A stopped run keeps its last checkpoint (run folders
 survive ``kill -9``) and its lock goes with its process. Then each preset whose runs are all finished gets its
 table, as ``hetfl bench PRESET`` writes it (every run taken from ``finished-runs.json``: nothing is trained
 after the budget); the others say how many runs they lack.
@@ -64,6 +64,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -327,14 +328,22 @@ def _work(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, thr
     # SIGTERM ends the worker as an exit would (locks released, its semaphores unregistered) at the next
     # bytecode; a run folder survives any stop, and SIGKILL follows if the device holds the worker up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    signal.signal(signal.SIGALRM, lambda *_: sys.exit(0))  # the same stop if the suite process is gone
+    signal.signal(signal.SIGALRM, lambda *_: sys.exit(0))  # the same stop at the budget's end, whatever happens
     signal.setitimer(signal.ITIMER_REAL, max(stop_at + TERM_GRACE - time.monotonic(), 0.01))
+    threading.Thread(target=_stop_with_parent, daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the suite process, which stops the workers
     torch.set_num_threads(threads)
     deferred: list[Job] = []  # runs that cannot finish in time but can reach their next checkpoint: after the others
     for partial, runs in ((False, todo), (True, deferred)):
         for job in runs:
             _train_if_it_fits(job, jobs, runs_root, stop_at, known, deferred, partial, progress, worker)
+
+
+def _stop_with_parent() -> None:
+    """In a worker's thread: once the suite process is gone (its sentinel, a pipe, closes even at SIGKILL), the
+    worker's SIGTERM stop; no orphan goes on holding the cores or the device."""
+    multiprocessing.connection.wait([multiprocessing.parent_process().sentinel])
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _train_if_it_fits(job: Job, jobs: list[Job], runs_root: Path, stop_at: float, known: dict[str, dict],
