@@ -148,6 +148,20 @@ def _seconds_per_round(runs: list[dict]) -> float | None:
     return statistics.fmean(rates) if rates else None
 
 
+def _cost_per_100_rounds(results: dict[str, list[dict]], labels: list[str], rows: str) -> str:
+    """A sentence: the wall hours 100 more rounds of the rows ``labels`` (called ``rows``) cost at this table's
+    measured pace, every seed, on the devices their runs computed on ('' without such rows or wall times)."""
+    timed = [(label, rate) for label in labels if (rate := _seconds_per_round(results[label])) is not None]
+    if not timed:
+        return ""
+    hours = sum(rate * 100 * len(results[label]) for label, rate in timed) / 3600
+    devices = "/".join(sorted({s.get("device", "cpu") for label, _ in timed for s in results[label]}))
+    untimed = f" ({len(labels) - len(timed)} without wall times left out)" if len(timed) < len(labels) else ""
+    return (f" What a longer horizon costs, measured: every 100 more rounds of {rows}{untimed} take {hours:.1f} wall "
+            f"hours at this table's pace ({devices}, every seed; runs that shared the device each count their whole "
+            "wall time).")
+
+
 def _pilot_row(pilots: list[dict], label: str) -> tuple[dict, dict] | None:
     """The longest pilot that ran ``label`` and its reading over the seeds it ran: the seeds, the last round all
     reached, the latest plateau round (None where a seed had not plateaued by its last round) and the pilot's
@@ -208,8 +222,11 @@ def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = 
                      str(row["plateau_round"]) if row["plateau_round"] else f"not by {row['last_round']}",
                      "-" if row["pace"] is None else f"{row['pace']:.1f}", here,
                      "-" if hours is None else f"{bound}{hours:.1f}"])
+    unpiloted = [label for label, row in zip(gaining, rows) if row[2] == "none"]
+    others = f"the {len(unpiloted)} rows no pilot ran" if len(unpiloted) > 1 else "the row no pilot ran"
+    cost = _cost_per_100_rounds(results, unpiloted, others if used else "these rows")
     if not used:
-        parts.append("No pilot at a longer horizon has run these rows yet (`scripts/plateau.py`).")
+        parts.append("No pilot at a longer horizon has run these rows yet (`scripts/plateau.py`)." + cost)
         return "## Horizon\n\n" + "\n\n".join(parts)
     parts.append("Where a pilot at a longer horizon says they plateau: the first round from which every longer "
                  "horizon it reached gains under a point over its last third (`scripts/plateau.py`; it holds for the "
@@ -222,7 +239,7 @@ def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = 
     parts.append(format_table(["row", "last-third gain (pp)", "pilot", "pilot's rounds", "plateau round",
                                "s / round in the pilot", "s / round here", "wall hours at the plateau"], rows,
                               markdown=True))
-    parts.append(f"Together: {'> ' if lower_bound else ''}{total:.1f} wall hours, for the rows a pilot ran.")
+    parts.append(f"Together: {'> ' if lower_bound else ''}{total:.1f} wall hours, for the rows a pilot ran." + cost)
     return "## Horizon\n\n" + "\n\n".join(parts)
 
 

@@ -42,10 +42,10 @@ so a run longer than any budget advances from call to call.
 
 **How it stops.** Workers are sent SIGTERM ``stop_margin(budget)`` seconds before the budget ends and
 SIGKILL ``TERM_GRACE`` seconds later, so no worker holds the device when the budget ends. A worker whose suite
-process is gone (killed, even by SIGKILL) stops itself at once, as at SIGTERM: it watches its parent. A stopped run keeps its last checkpoint (run folders
-survive ``kill -9``) and its lock goes with its process. Then each preset whose runs are all finished gets its
-table, as ``hetfl bench PRESET`` writes it (every run taken from ``finished-runs.json``: nothing is trained
-after the budget); the others say how many runs they lack.
+process is gone (killed, even by SIGKILL) stops itself at once, as at SIGTERM: it watches its parent. A
+stopped run keeps its last checkpoint (run folders survive ``kill -9``) and its lock goes with its process.
+Then each preset whose runs are all finished gets its table, as ``hetfl bench PRESET`` writes it (every run
+taken from ``finished-runs.json``: nothing is trained after the budget); the others say how many runs they lack.
 
 **What counts as finished.** A run whose folder under the runs folder holds its summary; with ``--reuse-saved``
 also a run that a preset's results folder already holds (its ``summaries.json`` or ``finished-runs.json``, by
