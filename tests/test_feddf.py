@@ -52,8 +52,11 @@ def test_server_set_errors_say_what_is_allowed():
 def test_distillation_lowers_the_ensemble_to_model_kl_and_a_run_is_deterministic():
     def run():
         sim = Simulation(config_from({**SMALL, "rounds": 3}))
-        sim.run_round(1)
+        log = sim.run_round(1)
         first = dict(sim.method.last_distillation)
+        assert log.server == {"distillation": {str(level): d for level, d in first.items()}}  # in metrics.jsonl
+        assert sorted(first) == list(range(1, sim.method.num_levels + 1)) and all(d["seconds"] > 0
+                                                                                     for d in first.values())
         for r in (2, 3):
             sim.run_round(r)
         return sim, first

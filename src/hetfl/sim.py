@@ -72,6 +72,7 @@ class RoundLog:
     wire_bytes_up: int | None = None
     # clients whose trainer measures its steps (blockwise): client -> the largest step's bytes, the budget, their ratio
     memory: dict[str, dict] | None = None
+    server: dict | None = None  # what the server did beyond averaging (Method.server_log; FedDF: its distillation)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -299,6 +300,7 @@ class Simulation:
 
         with serving(self.frozen_features):  # the clients train as aggregation draws their updates
             self.state = self.method.aggregate(self.state, updates())
+        log.server = self.method.server_log()
         log.train_loss = sum(losses) / len(losses) if losses else None
         return log
 

@@ -276,6 +276,11 @@ class Method:
             return state
         return self.server.step(state, agg)
 
+    def server_log(self) -> dict | None:
+        """What the last ``aggregate`` did beyond averaging, as plain values for the round's log (``RoundLog.server``;
+        FedDF: each level's distillation); None for methods whose server only averages."""
+        return None
+
     def eval_specs(self) -> dict[str, SubModel]:
         """Sub-models to evaluate, by label; "global" is the headline model."""
         return {"global": self.full_spec()}

@@ -40,6 +40,7 @@ Choices (the paper's where it gives one):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -120,6 +121,7 @@ class FedDF(Decoupled):
                 teachers.append(self._teacher_logits(state, update))
                 yield update
 
+        self.last_distillation = {}
         averaged = super().aggregate(state, seen())
         if not teachers:
             return averaged
@@ -145,7 +147,7 @@ class FedDF(Decoupled):
 
     def _distil(self, params: dict, level: int, teacher: torch.Tensor, round_index: int) -> dict:
         """Level ``level``'s averaged model after distillation (steps 4-5): its tensors under their global names."""
-        o, spec = self.options, self.level_spec(level)
+        o, spec, started = self.options, self.level_spec(level), time.perf_counter()
         teach_val, teach_distil = teacher[:len(self.x_val)], teacher[len(self.x_val):]
         model = self.models.loaded(spec, extract(params, self.models.shapes(spec), spec)).train()
         trained = [p for p in model.parameters() if p.requires_grad]
@@ -176,8 +178,15 @@ class FedDF(Decoupled):
                 if kl < best_kl:
                     best, best_kl, best_step = snapshot(), kl, step
         self.last_distillation[level] = {"steps": step, "best_step": best_step, "val_kl_before": first_kl,
-                                         "val_kl_after": best_kl}
+                                         "val_kl_after": best_kl, "seconds": time.perf_counter() - started}
         return {spec.global_name(n): t for n, t in best.items()}
+
+    def server_log(self) -> dict | None:
+        """Each level's distillation this round (steps taken, the best one, validation KL before and after, seconds):
+        whether early stopping ends it and what it costs beside the clients' training."""
+        if not self.last_distillation:
+            return None
+        return {"distillation": {str(level): d for level, d in self.last_distillation.items()}}
 
     def eval_specs(self):
         return self.level_eval_specs()
