@@ -257,19 +257,22 @@ def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(
     assert estimate(many, jobs, finished) == pytest.approx(20 * 16)
     cuda_then_cpu = [{"from_round": 1, "device": "cuda:0"}, {"from_round": 7, "device": "cpu"}]
     logged("lease", [1.0] * 6 + [30.0] * 4, checkpoint=10, segments=cuda_then_cpu)
-    assert estimate(lease, jobs, finished) == pytest.approx(10 * 10)  # 4 CPU rounds: too few, the siblings'
-    assert estimate(lease, jobs, {}) == pytest.approx(30 * 10)  # never the lease's 1 s
-    assert estimate(fresh, jobs, finished) == pytest.approx(10 * 20)  # its method's pace, from another label
-    assert estimate(fresh, jobs, {}) is None
+    # 4 CPU rounds: too few; its siblings': the finished one's 10 s and the unfinished one's own 20 s
+    assert estimate(lease, jobs, finished) == pytest.approx(15 * 10)
+    assert estimate(lease, [lease], {}) == pytest.approx(30 * 10)  # alone: its own few, never the lease's 1 s
+    assert estimate(fresh, jobs, finished) == pytest.approx(15 * 20)  # its method's pace, from another label
+    assert estimate(fresh, [fresh, few, sibling], finished) == pytest.approx(10 * 20)  # few's 2 rounds: nothing
+    assert estimate(fresh, [fresh, few], {}) is None
     other = job("other", 5, label="C", method="depthfl")  # its preset's, of another method: not its pace
     assert estimate(other, [*jobs, other], finished) is None
     (tmp_path / "lease" / "config.json").write_text(json.dumps({"device": "cuda"}))  # an older lease run: began
     logged("lease", [1.0] * 8, checkpoint=8, segments=[{"from_round": 1}])  # there, its segments name no device
-    assert estimate(lease, jobs, {}) is None
+    assert estimate(lease, [lease], {}) is None
+    assert estimate(fresh, [fresh, lease], {}) is None  # nor do they estimate another run on the CPU
     mixed = {"wall_seconds": 150.0, "rounds": 20, "device": "cpu", "segments": [  # 10 rounds there, 10 here
         {"from_round": 1, "device": "cuda", "elapsed_before": 0.0},
         {"from_round": 11, "device": "cpu", "elapsed_before": 50.0}]}
-    assert estimate(fresh, jobs, {"sib": mixed}) == pytest.approx(10 * 20)  # its CPU rounds' pace only
+    assert estimate(fresh, [fresh, sibling], {"sib": mixed}) == pytest.approx(10 * 20)  # its CPU rounds' pace only
 
 
 def test_the_plan_follows_the_workers_rules(tmp_path):

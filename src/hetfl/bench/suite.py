@@ -14,9 +14,10 @@ time left before the stop (``estimate``: the seconds it still needs):
 1. a run that has logged ``OWN_PACE_ROUNDS`` rounds or more on this device type (a run a lease began and this
    machine goes on with has logged rounds of both; its checkpoint's segments say which): their mean ``seconds``
    x the rounds after its last checkpoint;
-2. else the mean seconds per round of the finished runs of the same preset and label (other seeds) on the same
-   device type (their rounds there: ``machine.device_split``), x the rounds after its last checkpoint;
-3. else the same over the suite's finished runs of its method on its model (another row or preset): a round's
+2. else the mean seconds per round of the other runs of the same preset and label (other seeds) on the same
+   device type: the finished ones' rounds there (``machine.device_split``), and the unfinished ones' own pace
+   where it counts by rule 1; x the rounds after its last checkpoint;
+3. else the same over the suite's runs of its method on its model (another row or preset): a round's
    cost is the method's and the model's. Never another method's pace: FedDF's server distillation makes its
    round many times a FedAvg round on the same model, and borrowed from its preset's other rows, FedDF's
    runs of ``scalefl-table3`` were estimated at 750 s on this CPU, where they take hours;
@@ -165,30 +166,44 @@ def estimate(job: Job, jobs: list[Job], finished: dict[str, dict]) -> float | No
 def estimate_and_source(job: Job, jobs: list[Job], finished: dict[str, dict]) -> tuple[float | None, str]:
     """``estimate`` and which rule gave it, in words."""
     cfg, device = job.cfg, device_type(job.cfg.device)
-    run_dir = Path(cfg.out) / cfg.name
-    done, segments = checkpoint_of(run_dir)
-    began_on = _folder_device(run_dir)
-
-    def here(round_index: int) -> bool:  # computed on this device type: its segment's (older ones: where it began)
-        began = [s for s in segments if s.get("from_round", 1) <= round_index]
-        return device_type(began[-1].get("device", began_on) if began else began_on) == device
-
-    try:  # a lease's run goes on here: only the rounds timed on this device type count
-        logged = [r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl")[0] if r.get("seconds")
-                  and here(r["round"])]
-    except HetflError:  # a corrupt log: resume will say so
-        logged = []
+    done, logged = _progress(cfg, device)
     left = max(cfg.rounds - done, 0)
     if len(logged) >= OWN_PACE_ROUNDS:
         return mean(logged) * left, f"its own {len(logged)} rounds"
     for whose, related in (("its label's", lambda other: set(other.labels) & set(job.labels)),
                            ("its method's", lambda other: (other.cfg.method, other.cfg.model)
                             == (cfg.method, cfg.model))):
-        splits = [split[device] for other in jobs if (s := finished.get(other.cfg.name)) and related(other)
-                  and device in (split := device_split(s)) and split[device][1]]
-        if splits:
-            return mean(seconds / rounds for seconds, rounds in splits) * left, f"{whose} runs on {device}"
+        paces = []  # seconds per round on this device type: finished runs, and unfinished ones with enough rounds
+        for other in (o for o in jobs if o is not job and related(o)):
+            if (summary := finished.get(other.cfg.name)) is not None:
+                seconds, rounds = device_split(summary).get(device, (0.0, 0))
+                if rounds:
+                    paces.append(seconds / rounds)
+            elif len(theirs := _progress(other.cfg, device)[1]) >= OWN_PACE_ROUNDS:
+                paces.append(mean(theirs))
+        if paces:
+            return mean(paces) * left, f"{whose} runs on {device}"
     return (mean(logged) * left, f"its own {len(logged)} rounds") if logged else (None, "nothing known")
+
+
+def _progress(cfg: Config, device: str) -> tuple[int, list[float]]:
+    """The round of the run's last checkpoint and the seconds of its logged rounds computed on ``device``'s type
+    (a run a lease began and this machine goes on with has logged rounds of both: its checkpoint's segments say
+    which, older ones the device its config.json names)."""
+    run_dir = Path(cfg.out) / cfg.name
+    done, segments = checkpoint_of(run_dir)
+    began_on = _folder_device(run_dir)
+
+    def here(round_index: int) -> bool:
+        began = [s for s in segments if s.get("from_round", 1) <= round_index]
+        return device_type(began[-1].get("device", began_on) if began else began_on) == device
+
+    try:
+        logged = [r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl")[0] if r.get("seconds")
+                  and here(r["round"])]
+    except HetflError:  # a corrupt log: resume will say so
+        logged = []
+    return done, logged
 
 
 def _folder_device(run_dir: Path) -> str:
