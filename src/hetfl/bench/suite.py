@@ -194,11 +194,11 @@ def _progress(cfg: Config, device: str) -> tuple[int, list[float]]:
     done, segments = checkpoint_of(run_dir)
     began_on = _folder_device(run_dir)
 
-    def here(round_index: int) -> bool:
+    def here(round_index: int) -> bool:  # computed on this device type: its segment's (older ones: where it began)
         began = [s for s in segments if s.get("from_round", 1) <= round_index]
         return device_type(began[-1].get("device", began_on) if began else began_on) == device
 
-    try:
+    try:  # a lease's run goes on here: only the rounds timed on this device type count
         logged = [r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl")[0] if r.get("seconds")
                   and here(r["round"])]
     except HetflError:  # a corrupt log: resume will say so
@@ -497,7 +497,7 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     unestimated = sum(e is None for e in estimates)
     print(f"[suite] runs finished in this call: {len(set(known) - before)}; runs left: {len(unfinished)}; "
           f"estimated device-seconds left: {seconds:.0f}"
-          + " (a run: its own rounds' pace, else that of its label's or its method's finished runs on its device)"
+          + " (a run: its own rounds' pace, else that of its label's or its method's other runs on its device)"
           + (f", and {unestimated} runs with nothing to estimate from" if unestimated else ""), flush=True)
     failed = [c for c in codes if c is not None and c > 0]  # negative: killed by a signal, ours
     if failed:
