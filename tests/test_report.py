@@ -401,7 +401,7 @@ def test_the_horizon_section_costs_each_row_at_its_pilot_plateau_round_from_this
     assert rows["unpiloted"][1:] == ["none", "-", "-", "-", "1.0 (cpu)", "-"]
     assert "Together: > 12.6 wall hours" in section and "an accelerator (pilots/p.json)" in section
     # the row no pilot ran, 1 s a round, one seed: 100 rounds take 100 s
-    assert "every 100 more rounds of the row no pilot ran take 0.0 wall hours" in section
+    assert "every 100 more rounds of the row no pilot ran take 2 wall minutes" in section
     alone = horizon_section({"slow": results["slow"]})  # 120 s a round x 100 x 3 seeds = 10 hours
     assert "No pilot at a longer horizon" in alone and "every 100 more rounds of these rows take 10.0 wall hours" \
         " at this table's pace (cpu, every seed;" in alone
