@@ -157,7 +157,8 @@ def _cost_per_100_rounds(results: dict[str, list[dict]], labels: list[str], rows
     hours = sum(rate * 100 * len(results[label]) for label, rate in timed) / 3600
     devices = "/".join(sorted({s.get("device", "cpu") for label, _ in timed for s in results[label]}))
     untimed = f" ({len(labels) - len(timed)} without wall times left out)" if len(timed) < len(labels) else ""
-    took = f"{hours:.1f} wall hours" if hours >= 1 else f"{60 * hours:.0f} wall minutes"
+    minutes = round(60 * hours)
+    took = f"{hours:.1f} wall hours" if hours >= 1 else f"{minutes} wall minute{'' if minutes == 1 else 's'}"
     return (f" What a longer horizon costs, measured: every 100 more rounds of {rows}{untimed} take {took} at this "
             f"table's pace ({devices}, every seed; runs that shared the device each count their whole wall time).")
 
