@@ -201,7 +201,7 @@ def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = 
     parts = [f"At {at} rounds {len(gaining)} of {len(gains)} rows{so_far} still gain {100 * PLATEAU_GAIN:g} point or "
              "more over their last third (mean over seeds), so the verdicts on them measure the horizon as well as the "
              "methods: " + ", ".join(f"{label} {100 * g:+.2f}" for label, g in gaining.items()) + "."]
-    rows, total, lower_bound, used = [], 0.0, False, {}
+    rows, total, lower_bound, used, unpiloted = [], 0.0, False, {}, []
     for label, g in gaining.items():
         runs = results[label]
         rate = _seconds_per_round(runs)
@@ -209,6 +209,7 @@ def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = 
         found = _pilot_row(pilots or [], label)
         if found is None:
             rows.append([label, f"{100 * g:+.2f}", "none", "-", "-", "-", here, "-"])
+            unpiloted.append(label)
             continue
         pilot, row = found
         used[pilot["file"]] = pilot
@@ -223,7 +224,6 @@ def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = 
                      str(row["plateau_round"]) if row["plateau_round"] else f"not by {row['last_round']}",
                      "-" if row["pace"] is None else f"{row['pace']:.1f}", here,
                      "-" if hours is None else f"{bound}{hours:.1f}"])
-    unpiloted = [label for label, row in zip(gaining, rows) if row[2] == "none"]
     others = f"the {len(unpiloted)} rows no pilot ran" if len(unpiloted) > 1 else "the row no pilot ran"
     cost = _cost_per_100_rounds(results, unpiloted, others if used else "these rows")
     if not used:

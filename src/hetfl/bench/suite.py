@@ -170,17 +170,26 @@ def estimate_and_source(job: Job, jobs: list[Job], finished: dict[str, dict]) ->
     left = max(cfg.rounds - done, 0)
     if len(logged) >= OWN_PACE_ROUNDS:
         return mean(logged) * left, f"its own {len(logged)} rounds"
+    paces_of: dict[str, float | None] = {}  # a run both rules relate is read once
+
+    def pace_of(other: Job) -> float | None:
+        """Seconds per round of ``other`` on this device type: a finished run's rounds there, an unfinished one's
+        own pace where it counts by rule 1, else None."""
+        if other.cfg.name not in paces_of:
+            pace = None
+            if (summary := finished.get(other.cfg.name)) is not None:
+                seconds, rounds = device_split(summary).get(device, (0.0, 0))
+                pace = seconds / rounds if rounds else None
+            elif len(theirs := _progress(other.cfg, device)[1]) >= OWN_PACE_ROUNDS:
+                pace = mean(theirs)
+            paces_of[other.cfg.name] = pace
+        return paces_of[other.cfg.name]
+
     for whose, related in (("its label's", lambda other: set(other.labels) & set(job.labels)),
                            ("its method's", lambda other: (other.cfg.method, other.cfg.model)
                             == (cfg.method, cfg.model))):
-        paces = []  # seconds per round on this device type: finished runs, and unfinished ones with enough rounds
-        for other in (o for o in jobs if o is not job and related(o)):
-            if (summary := finished.get(other.cfg.name)) is not None:
-                seconds, rounds = device_split(summary).get(device, (0.0, 0))
-                if rounds:
-                    paces.append(seconds / rounds)
-            elif len(theirs := _progress(other.cfg, device)[1]) >= OWN_PACE_ROUNDS:
-                paces.append(mean(theirs))
+        paces = [pace for other in jobs if other is not job and related(other)
+                 and (pace := pace_of(other)) is not None]
         if paces:
             return mean(paces) * left, f"{whose} runs on {device}"
     return (mean(logged) * left, f"its own {len(logged)} rounds") if logged else (None, "nothing known")
