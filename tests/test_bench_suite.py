@@ -223,6 +223,13 @@ def test_reuse_saved_trains_only_the_runs_a_committed_table_lacks(tmp_path, caps
     summaries = json.loads((out / "rows" / "summaries.json").read_text())
     assert summaries["large"] == [saved] and summaries["small"][0]["rounds"] == 1
     assert "runs finished in this call: 1;" in capsys.readouterr().out
+    assert not (out / "rows" / FINISHED).exists()  # summaries.json holds them all
+    # a call with no time to train the row added records nothing the table already holds
+    preset.write_text(preset.read_text() + '[[runs]]\nlabel = "exclusive"\nmethod = "exclusivefl"\n')
+    assert main(["bench", "suite", str(preset), "--time-budget", "1", "--out", str(out), "--runs-dir", str(fresh),
+                 "--reuse-saved", "--quiet"]) == 0
+    assert not (out / "rows" / FINISHED).exists()
+    assert json.loads((out / "rows" / "summaries.json").read_text()) == summaries
 
 
 def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(tmp_path):

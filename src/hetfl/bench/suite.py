@@ -75,7 +75,7 @@ from ..config import Config
 from ..errors import HetflError
 from ..machine import device_split, device_type
 from ..rundir import read_jsonl
-from .runner import (FINISHED, _named_configs, _record_finished, at_target, finished_run, load_preset, read_finished,
+from .runner import (FINISHED, _named_configs, _record_finished, at_target, finished_run, load_preset,
                      run_bench, run_lock, run_one, saved_runs)
 
 ESTIMATE_MARGIN = 1.2  # estimates come from other seeds, other loads, other thread counts
@@ -517,11 +517,10 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
 
 
 def _record_missing(p: PresetRuns, runs_root: Path, known: dict[str, dict]) -> None:
-    """Add to ``p``'s FINISHED file every finished run of ``p`` that it lacks (as ``hetfl bench`` records the runs
-    it reuses)."""
-    path = p.out_dir / FINISHED
-    recorded = set(read_finished(path)) if path.exists() else set()
+    """Add to ``p``'s FINISHED file every finished run of ``p`` that its results folder lacks (as ``hetfl bench``
+    records the runs it reuses); a run its summaries.json holds is not written again."""
+    held = saved_runs(p.out_dir)
     for _, _, cfg in p.configs:
-        if cfg.name in known and cfg.name not in recorded:
-            _record_finished(path, runs_root, cfg, known[cfg.name])
+        if cfg.name in known and cfg.name not in held:
+            _record_finished(p.out_dir / FINISHED, runs_root, cfg, known[cfg.name])
 
