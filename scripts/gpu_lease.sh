@@ -27,8 +27,8 @@
 # SECONDS: the device time left less 3 minutes (the machine's start and the copies back). DEVICE=cpu runs it here.
 # Before the lease, `hetfl bench suite PRESET... --out docs/results --reuse-saved --device cuda --workers N
 # --time-budget SECONDS --plan` says here which runs would finish. The workers take the runs shortest estimate
-# first and those without one (a method never timed on cuda, FedDF's so far) last; `-- --order given` keeps the
-# presets' order instead.
+# first and those without one (a recipe never timed on cuda: DepthFL's and FedDF's so far) last;
+# `-- --order given` keeps the presets' order instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LEASE=.lease

@@ -234,15 +234,22 @@ def test_reuse_saved_trains_only_the_runs_a_committed_table_lacks(tmp_path, caps
 
 def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(tmp_path):
     """The module's rules, on hand-made run folders: few rounds of its own yield to its siblings' pace, the
-    rounds a lease timed on cuda never estimate a run going on on the CPU, and another method's pace never
-    estimates a run."""
+    rounds a lease timed on cuda never estimate a run going on on the CPU, and the pace of another method, or of
+    the same method with another recipe, never estimates a run."""
+    from dataclasses import fields
+
     import torch
 
+    from hetfl.bench.suite import ROUND_NEUTRAL
+    from hetfl.config import Config
+
+    assert ROUND_NEUTRAL < {f.name for f in fields(Config)}  # each a field
     from hetfl.bench.suite import OWN_PACE_ROUNDS, Job, estimate
     from hetfl.methods import config_from
 
-    def job(name, seed, label="A", method="alllarge"):
-        cfg = config_from(dict(dataset="digits", rounds=20, seed=seed, out=str(tmp_path), name=name, method=method))
+    def job(name, seed, label="A", method="alllarge", **options):
+        cfg = config_from(dict(dataset="digits", rounds=20, seed=seed, out=str(tmp_path), name=name, method=method,
+                               **options))
         (tmp_path / name).mkdir(exist_ok=True)
         return Job(cfg, labels=[("p", label)])
 
@@ -267,7 +274,11 @@ def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(
     # 4 CPU rounds: too few; its siblings': the finished one's 10 s and the unfinished one's own 20 s
     assert estimate(lease, jobs, finished) == pytest.approx(15 * 10)
     assert estimate(lease, [lease], {}) == pytest.approx(30 * 10)  # alone: its own few, never the lease's 1 s
-    assert estimate(fresh, jobs, finished) == pytest.approx(15 * 20)  # its method's pace, from another label
+    assert estimate(fresh, jobs, finished) == pytest.approx(15 * 20)  # the same work per round, another label
+    tuned = job("tuned", 6, label="D", lr=0.2, lr_schedule="cosine", partition="dirichlet", alpha=1.0)
+    assert estimate(tuned, [*jobs, tuned], finished) == pytest.approx(15 * 20)  # another step size and split
+    feddyn = job("feddyn", 7, label="E", server_opt="feddyn")  # the same method, another recipe: not its pace
+    assert estimate(feddyn, [*jobs, feddyn], finished) is None
     assert estimate(fresh, [fresh, few, sibling], finished) == pytest.approx(10 * 20)  # few's 2 rounds: nothing
     assert estimate(fresh, [fresh, few], {}) is None
     other = job("other", 5, label="C", method="depthfl")  # its preset's, of another method: not its pace

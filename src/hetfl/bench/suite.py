@@ -17,10 +17,13 @@ time left before the stop (``estimate``: the seconds it still needs):
 2. else the mean seconds per round of the other runs of the same preset and label (other seeds) on the same
    device type: the finished ones' rounds there (``machine.device_split``), and the unfinished ones' own pace
    where it counts by rule 1; x the rounds after its last checkpoint;
-3. else the same over the suite's runs of its method on its model (another row or preset): a round's
-   cost is the method's and the model's. Never another method's pace: FedDF's server distillation makes its
-   round many times a FedAvg round on the same model, and borrowed from its preset's other rows, FedDF's
-   runs of ``scalefl-table3`` were estimated at 750 s on this CPU, where they take hours;
+3. else the same over the suite's runs that do the same work per round (another row or preset): the same
+   config but for what leaves a round's work as it is (``ROUND_NEUTRAL``: the seed, the horizon, the step size
+   and its schedule, how the data are split, where the run is written). Never another method's pace, nor
+   another recipe's: FedDF's server distillation makes its round many times a FedAvg round on the same model
+   (borrowed from its preset's other rows, FedDF's runs of ``scalefl-table3`` were estimated at 750 s on this
+   CPU, where they take hours), and DepthFL's exclusive rows (FedDyn and the mutual KD) take 1-2x the FedAvg
+   exclusive rows' time on this CPU and about 5x on a shared H100;
 4. else its own few logged rounds, as in 1;
 5. else nothing is known: it starts if ``START_SECONDS`` are left (the stop below bounds what it costs).
 
@@ -67,7 +70,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from statistics import mean
 
@@ -82,6 +85,13 @@ ESTIMATE_MARGIN = 1.2  # estimates come from other seeds, other loads, other thr
 OWN_PACE_ROUNDS = 5  # a run's own rounds estimate its pace from this many on (the module's docstring, rule 1)
 START_SECONDS = 5.0  # a run's set-up outside its timed rounds: data, model, first kernels
 TERM_GRACE = 2.0  # seconds from SIGTERM to SIGKILL
+# Config fields that leave the work of a round as it is (rule 3 of the module's docstring): the step size and its
+# schedule, the seed and the data's split (the sampled clients hold as many samples on average), the horizon, and
+# where and how often the run is written
+ROUND_NEUTRAL = frozenset({"seed", "rounds", "lr", "lr_schedule", "lr_steps", "lr_gamma", "lr_min", "momentum",
+                           "weight_decay", "clip_grad", "clip_value", "partition", "alpha", "classes_per_client",
+                           "min_client_size", "target_accuracy", "checkpoint_every", "checkpoint_seconds",
+                           "round_timeout", "out", "name", "device", "data_dir"})
 NOT_PRESETS = ("speed", "memory", "checkpoint", "chaos", "flower", "throughput", "suite")  # benchmarks of their own
 
 
@@ -185,14 +195,19 @@ def estimate_and_source(job: Job, jobs: list[Job], finished: dict[str, dict]) ->
             paces_of[other.cfg.name] = pace
         return paces_of[other.cfg.name]
 
-    for whose, related in (("its label's", lambda other: set(other.labels) & set(job.labels)),
-                           ("its method's", lambda other: (other.cfg.method, other.cfg.model)
-                            == (cfg.method, cfg.model))):
+    work = round_work(cfg)
+    for whose, related in (("its label's runs", lambda other: set(other.labels) & set(job.labels)),
+                           ("runs of the same work per round", lambda other: round_work(other.cfg) == work)):
         paces = [pace for other in jobs if other is not job and related(other)
                  and (pace := pace_of(other)) is not None]
         if paces:
-            return mean(paces) * left, f"{whose} runs on {device}"
+            return mean(paces) * left, f"{whose} on {device}"
     return (mean(logged) * left, f"its own {len(logged)} rounds") if logged else (None, "nothing known")
+
+
+def round_work(cfg: Config) -> dict:
+    """What a round of ``cfg``'s run computes: its config but for ``ROUND_NEUTRAL`` (rule 3)."""
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in ROUND_NEUTRAL}
 
 
 def _progress(cfg: Config, device: str) -> tuple[int, list[float]]:
@@ -506,7 +521,7 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     unestimated = sum(e is None for e in estimates)
     print(f"[suite] runs finished in this call: {len(set(known) - before)}; runs left: {len(unfinished)}; "
           f"estimated device-seconds left: {seconds:.0f}"
-          + " (a run: its own rounds' pace, else that of its label's or its method's other runs on its device)"
+          + " (a run: its own rounds' pace, else that of its label's other runs, or of runs doing the same work per round, on its device)"
           + (f", and {unestimated} runs with nothing to estimate from" if unestimated else ""), flush=True)
     failed = [c for c in codes if c is not None and c > 0]  # negative: killed by a signal, ours
     if failed:
