@@ -1,7 +1,10 @@
 """FedDF: the distillation loss by hand, the server set no client holds, distillation lowering the ensemble-to-model
 KL, determinism and a short run well above chance."""
 
+import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,9 @@ from hetfl.errors import HetflError
 from hetfl.methods import config_from
 from hetfl.methods.feddf import distillation_kl
 from hetfl.sim import Simulation
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import feddf_distillation  # noqa: E402
 
 SMALL = dict(method="feddf", dataset="digits", num_clients=10, client_fraction=0.5, distill_steps=40,
              distill_eval_every=10, distill_patience=20)
@@ -71,3 +77,22 @@ def test_distillation_lowers_the_ensemble_to_model_kl_and_a_run_is_deterministic
     assert all(torch.equal(a.state.params[k], b.state.params[k]) for k in a.state.params)
     accuracy = a.evaluate(3)[0]["global"]["exit4"]
     assert accuracy > 0.6  # chance: 0.1
+
+
+def test_the_distillation_summary_reads_the_rounds_that_logged_it(tmp_path):
+    """scripts/feddf_distillation.py: medians per level over the rounds with a ``server`` field, older rounds
+    skipped, and the share of each round spent distilling."""
+    def level(steps, before, after, seconds):
+        return {"steps": steps, "best_step": steps - 25, "val_kl_before": before, "val_kl_after": after,
+                "seconds": seconds}
+
+    lines = [{"round": 1, "seconds": 50.0},  # older code: no server field
+             {"round": 2, "seconds": 100.0, "server": {"distillation": {"1": level(50, 0.04, 0.01, 20.0),
+                                                                        "2": level(100, 0.02, 0.01, 40.0)}}},
+             {"round": 3, "seconds": 200.0, "server": {"distillation": {"1": level(150, 0.02, 0.005, 40.0),
+                                                                        "2": level(200, 0.06, 0.02, 60.0)}}}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert feddf_distillation.summary(tmp_path) == [
+        [tmp_path.name, "1", "2", "100", "75", "0.0300", "0.0075", "30.0"],
+        [tmp_path.name, "2", "2", "150", "125", "0.0400", "0.0150", "50.0"],
+        [tmp_path.name, "all", "2", "-", "-", "-", "-", "55% of a round"]]  # median of 60% and 50%
