@@ -48,13 +48,13 @@ def claims(table: str) -> Counter:
 
 
 def results_of(folder: Path) -> dict[str, list[dict]]:
-    """The runs of a results folder by label: its summaries.json, or the finished runs of an interim table (read
-    as ``hetfl bench PRESET --report-only --reuse-saved`` reads them); empty for a folder without runs."""
+    """The runs of a results folder by label: its summaries.json, and an interim table's finished runs beside it
+    (read as ``hetfl bench PRESET --report-only --reuse-saved`` reads them); empty for a folder without runs."""
+    if (folder / FINISHED).is_file():
+        return committed_results(folder, load_preset(folder.name)[1])[0]
     if (folder / "summaries.json").is_file():
         return json.loads((folder / "summaries.json").read_text())
-    if not (folder / FINISHED).is_file():
-        return {}
-    return committed_results(folder, load_preset(folder.name)[1])[0]
+    return {}
 
 
 def entry(folder: Path) -> dict:

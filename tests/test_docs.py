@@ -85,3 +85,23 @@ def test_a_longer_table_becomes_a_pilot_record_that_the_bench_reads(tmp_path):
     assert (pilot["device"], pilot["rounds"]) == ("a CPU", 60)
     assert [(r["seed"], r["run"], r["last_round"], r["plateau_round"]) for r in pilot["rows"]] == \
         [(0, "a-s0", 60, 60), (1, "a-s1", 60, 60)]
+
+
+def test_the_index_counts_an_interim_table_s_finished_runs_beside_its_summaries(tmp_path):
+    """A table whose summaries.json holds some rows and whose finished-runs.json holds runs finished since: the
+    index counts both, as the interim table does."""
+    from hetfl.bench.runner import FINISHED, _named_configs, load_preset
+
+    configs = _named_configs(load_preset("demo")[1], {}, None, Path("runs") / "bench")
+    (first, seed_a, cfg_a), (last, seed_b, cfg_b) = configs[0], configs[-1]
+    assert first != last
+
+    def summary(cfg, seed):
+        return {"seed": seed, "rounds": 1, "accuracy": 0.5, "curve": [[1, 0.5]], "wall_seconds": 3600.0,
+                "run_dir": f"runs/bench/{cfg.name}"}
+
+    folder = tmp_path / "demo"
+    folder.mkdir()
+    (folder / "summaries.json").write_text(json.dumps({first: [summary(cfg_a, seed_a)]}))
+    (folder / FINISHED).write_text(json.dumps({cfg_b.name: summary(cfg_b, seed_b)}))
+    assert {label: len(runs) for label, runs in results_index.results_of(folder).items()} == {first: 1, last: 1}
