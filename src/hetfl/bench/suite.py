@@ -521,7 +521,8 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     unestimated = sum(e is None for e in estimates)
     print(f"[suite] runs finished in this call: {len(set(known) - before)}; runs left: {len(unfinished)}; "
           f"estimated device-seconds left: {seconds:.0f}"
-          + " (a run: its own rounds' pace, else that of its label's other runs, or of runs doing the same work per round, on its device)"
+          + " (a run: its own rounds' pace, else that of its label's other runs, or of runs doing the same work"
+            " per round, on its device)"
           + (f", and {unestimated} runs with nothing to estimate from" if unestimated else ""), flush=True)
     failed = [c for c in codes if c is not None and c > 0]  # negative: killed by a signal, ours
     if failed:
