@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from statistics import median
 
+from hetfl.report import format_table
+
 
 def distillation_rounds(run_dir: Path) -> list[tuple[float, dict]]:
     """(round seconds, {level: that level's distillation}) of each round that logged its distillation."""
@@ -48,10 +50,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     header = ["run", "level", "rounds", "steps", "best step", "val KL before", "val KL after", "seconds"]
-    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
-    for run in argv:
-        for row in summary(Path(run)):
-            print("| " + " | ".join(row) + " |")
+    print(format_table(header, [row for run in argv for row in summary(Path(run))], markdown=True))
     return 0
 
 
