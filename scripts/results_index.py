@@ -1,7 +1,7 @@
 """The results index, generated from the committed tables: `python scripts/results_index.py` rewrites it,
 `--check` exits 1 where README.md or docs/results/README.md is not what the tables say.
 
-For every docs/results/PRESET/table.md: its title, its seeds and runs (summaries.json), the hours they computed
+For every docs/results/PRESET/table.md: its title, its seeds and runs (summaries.json), their horizon in rounds, the hours they computed
 on each device, how many of its rows had not plateaued (a row's last-third gain, the accuracy gained over the last
 third of the rounds, mean over seeds, of a point or more: the table's "Horizon" section), its claims by verdict
 (the "Claims checked" table) and a link to its diagnosis. The README gets the totals by verdict.
@@ -47,25 +47,28 @@ def claims(table: str) -> Counter:
     return Counter(verdict_kind(row.split("|")[2]) for row in rows)
 
 
-def results_of(folder: Path) -> dict[str, list[dict]]:
-    """The runs of a results folder by label: its summaries.json, and an interim table's finished runs beside it
-    (read as ``hetfl bench PRESET --report-only --reuse-saved`` reads them); empty for a folder without runs."""
+def results_of(folder: Path) -> tuple[dict[str, list[dict]], int]:
+    """(the runs of a results folder by label, how many of its preset's runs it lacks): its summaries.json, and an
+    interim table's finished runs beside it (read as ``hetfl bench PRESET --report-only --reuse-saved`` reads
+    them); no runs for a folder without any."""
     if (folder / FINISHED).is_file():
-        return committed_results(folder, load_preset(folder.name)[1])[0]
+        results, missing = committed_results(folder, load_preset(folder.name)[1])
+        return results, len(missing)
     if (folder / "summaries.json").is_file():
-        return json.loads((folder / "summaries.json").read_text())
-    return {}
+        return json.loads((folder / "summaries.json").read_text()), 0
+    return {}, 0
 
 
 def entry(folder: Path) -> dict:
     """What the index says of one results folder."""
     table = (folder / "table.md").read_text(encoding="utf-8")
     title = table.splitlines()[0].lstrip("# ").strip()
-    summaries = results_of(folder)
+    summaries, missing = results_of(folder)
     runs = [s for label in summaries.values() for s in label]
     gains = row_late_gains(summaries)
-    return {"preset": folder.name, "title": title, "runs": len(runs),
-            "seeds": sorted({s.get("seed") for s in runs if s.get("seed") is not None}), "hours": run_hours(runs),
+    return {"preset": folder.name, "title": title, "runs": len(runs), "missing": missing,
+            "seeds": sorted({s.get("seed") for s in runs if s.get("seed") is not None}),
+            "rounds": sorted({s["rounds"] for s in runs if "rounds" in s}), "hours": run_hours(runs),
             "gaining": sum(g >= PLATEAU_GAIN for g in gains.values()), "rows": len(gains), "claims": claims(table),
             "diagnosis": "## Diagnosis of the claims that fail" in table}
 
@@ -94,17 +97,22 @@ def _seeds(seeds: list[int]) -> str:
     return "-" if not seeds else str(seeds[0]) if len(seeds) == 1 else f"{len(seeds)} ({seeds[0]}-{seeds[-1]})"
 
 
+def _rounds(rounds: list[int]) -> str:
+    return "-" if not rounds else ", ".join(map(str, rounds))
+
+
 def index_block(rows: list[dict]) -> str:
     """The Markdown table of every results folder."""
-    lines = ["| table | runs | seeds | run hours | rows still gaining | claims | " + " | ".join(VERDICTS)
-             + " | diagnosis |", "|---|---|---|---|---|---|" + "---|" * len(VERDICTS) + "---|"]
+    lines = ["| table | runs | seeds | rounds | run hours | rows still gaining | claims | " + " | ".join(VERDICTS)
+             + " | diagnosis |", "|---|---|---|---|---|---|---|" + "---|" * len(VERDICTS) + "---|"]
     for e in rows:
         gain = f"{e['gaining']} of {e['rows']}" if e["rows"] else "-"
         total = sum(e["claims"].values())
         counts = " | ".join(str(e["claims"][v]) if total else "" for v in VERDICTS)
         link = f"[{e['preset']}]({e['preset']}/table.md)"
         diagnosis = f"[diagnosis]({e['preset']}/table.md#diagnosis-of-the-claims-that-fail)" if e["diagnosis"] else ""
-        lines.append(f"| {link}: {e['title']} | {e['runs']} | {_seeds(e['seeds'])} | {_hours(e['hours'])} | {gain} | "
+        runs = f"{e['runs']} of {e['runs'] + e['missing']}" if e["missing"] else e["runs"]
+        lines.append(f"| {link}: {e['title']} | {runs} | {_seeds(e['seeds'])} | {_rounds(e['rounds'])} | {_hours(e['hours'])} | {gain} | "
                      f"{total or ''} | {counts} | {diagnosis} |")
     return "\n".join(lines)
 
@@ -116,12 +124,15 @@ def totals_block(rows: list[dict]) -> str:
     tables = sum(1 for e in rows if e["claims"])
     parts = ", ".join(f"{total[v]} {v}" for v in VERDICTS)
     curves = [e for e in rows if e["rows"]]
-    plateaued = sum(1 for e in curves if not e["gaining"])
+    plateaued = [e["preset"] for e in curves if not e["gaining"] and not e["missing"]]
     gaining = sum(e["gaining"] for e in curves)
+    named = f" ({', '.join(f'`{p}`' for p in plateaued)})" if plateaued else ""
+    interim = sum(1 for e in rows if e["missing"])
     return (f"{n} claims checked in {tables} tables: {parts}. Of the {len(curves)} tables with learning curves, "
-            f"{plateaued} {'has' if plateaued == 1 else 'have'} plateaued (every row's last-third gain, mean over "
-            f"seeds, under a point); {gaining} of their {sum(e['rows'] for e in curves)} rows still gained a point "
-            "or more.")
+            f"{len(plateaued)} {'has' if len(plateaued) == 1 else 'have'} plateaued{named}: every row's last-third "
+            f"gain, mean over seeds, under a point; {gaining} of their {sum(e['rows'] for e in curves)} rows still "
+            f"gained a point or more." + (f" {interim} {'table is' if interim == 1 else 'tables are'} interim (runs "
+                                          "not all run yet; the index says how many)." if interim else ""))
 
 
 def replaced(text: str, begin: str, end: str, block: str, path: Path) -> str:

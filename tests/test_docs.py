@@ -49,6 +49,23 @@ def test_run_hours_sum_wall_time_per_device_type():
     assert results_index._hours({}) == "-"
 
 
+def test_only_complete_tables_count_as_plateaued_and_interim_ones_show_the_runs_they_lack():
+    from collections import Counter
+
+    def row(preset, gaining, missing):
+        return {"preset": preset, "title": preset, "runs": 6, "missing": missing, "seeds": [0, 1, 2],
+                "rounds": [150], "hours": {"cpu": 1.0}, "gaining": gaining, "rows": 2,
+                "claims": Counter({"held": 1}), "diagnosis": False}
+
+    rows = [row("done", 0, 0), row("half", 0, 6), row("short", 1, 0)]
+    totals = results_index.totals_block(rows)
+    assert "3 tables with learning curves, 1 has plateaued (`done`)" in totals
+    assert "1 of their 6 rows still gained" in totals and "1 table is interim" in totals
+    index = results_index.index_block(rows).splitlines()
+    assert [line.split(" | ")[1:4] for line in index[2:]] == [["6", "3 (0-2)", "150"], ["6 of 12", "3 (0-2)", "150"],
+                                                              ["6", "3 (0-2)", "150"]]
+
+
 def test_the_readme_is_a_product_page_with_the_set_up_first():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) < 250
@@ -104,4 +121,6 @@ def test_the_index_counts_an_interim_table_s_finished_runs_beside_its_summaries(
     folder.mkdir()
     (folder / "summaries.json").write_text(json.dumps({first: [summary(cfg_a, seed_a)]}))
     (folder / FINISHED).write_text(json.dumps({cfg_b.name: summary(cfg_b, seed_b)}))
-    assert {label: len(runs) for label, runs in results_index.results_of(folder).items()} == {first: 1, last: 1}
+    results, missing = results_index.results_of(folder)
+    assert {label: len(runs) for label, runs in results.items()} == {first: 1, last: 1}
+    assert missing == len(configs) - 2
