@@ -1,10 +1,11 @@
 """The results index, generated from the committed tables: `python scripts/results_index.py` rewrites it,
 `--check` exits 1 where README.md or docs/results/README.md is not what the tables say.
 
-For every docs/results/PRESET/table.md: its title, its seeds and runs (summaries.json), their horizon in rounds, the hours they computed
-on each device, how many of its rows had not plateaued (a row's last-third gain, the accuracy gained over the last
-third of the rounds, mean over seeds, of a point or more: the table's "Horizon" section), its claims by verdict
-(the "Claims checked" table) and a link to its diagnosis. The README gets the totals by verdict.
+For every docs/results/PRESET/table.md: its title, its seeds and runs (summaries.json), their horizon in rounds,
+the hours they computed on each device, how many of its rows had not plateaued (a row's last-third gain, the
+accuracy gained over the last third of the rounds, mean over seeds, of a point or more: the table's "Horizon"
+section), its claims by verdict (the "Claims checked" table) and a link to its diagnosis.
+The README gets the totals by verdict.
 Nothing in the generated blocks is typed by hand: edit the tables, then run this.
 """
 
@@ -112,8 +113,8 @@ def index_block(rows: list[dict]) -> str:
         link = f"[{e['preset']}]({e['preset']}/table.md)"
         diagnosis = f"[diagnosis]({e['preset']}/table.md#diagnosis-of-the-claims-that-fail)" if e["diagnosis"] else ""
         runs = f"{e['runs']} of {e['runs'] + e['missing']}" if e["missing"] else e["runs"]
-        lines.append(f"| {link}: {e['title']} | {runs} | {_seeds(e['seeds'])} | {_rounds(e['rounds'])} | {_hours(e['hours'])} | {gain} | "
-                     f"{total or ''} | {counts} | {diagnosis} |")
+        lines.append(f"| {link}: {e['title']} | {runs} | {_seeds(e['seeds'])} | {_rounds(e['rounds'])} | "
+                     f"{_hours(e['hours'])} | {gain} | {total or ''} | {counts} | {diagnosis} |")
     return "\n".join(lines)
 
 
