@@ -339,11 +339,32 @@ def test_shortest_first_finishes_the_most_runs_and_given_keeps_the_presets_order
                                  ("short2", None, None), ("short3", None, None)]
 
 
+def test_a_plan_at_another_horizon_takes_the_pace_of_the_table_as_it_is(tmp_path, capsys):
+    """``--rounds`` asks what a committed table would cost run longer: a row's runs in its summaries.json give
+    their pace per round; a new row of another method has none, and the totals say so."""
+    preset = tmp_path / "rows.toml"
+    preset.write_text(TWO_ROWS)
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    assert main(["bench", str(preset), "--out", str(out / "rows"), "--runs-dir", str(runs), "--quiet"]) == 0
+    (saved,) = json.loads((out / "rows" / "summaries.json").read_text())["large"]
+    preset.write_text(TWO_ROWS + '[[runs]]\nlabel = "small"\nmethod = "allsmall"\n')
+    capsys.readouterr()
+    assert main(["bench", "suite", str(preset), "--rounds", "30", "--plan", "--time-budget", "100000",
+                 "--workers", "2", "--out", str(out), "--runs-dir", str(runs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    need = saved["wall_seconds"] / saved["rounds"] * 30
+    assert lines[1].startswith(f"[plan] rows large, seed 0, {need:.0f} s (its label's runs on cpu): from 0 s")
+    assert lines[2] == "[plan] rows small, seed 0, no estimate: from 0 s: cut short at the stop, its checkpoints kept"
+    assert lines[-1] == f"[plan] the runs left need {need:.0f} s of one worker by their estimates, and 1 run has none"
+    assert [p.name.split("-")[0] for p in runs.glob("*-s0")] == ["alllarge"]  # nothing trained
+
+
 def test_a_plan_trains_nothing_and_may_name_a_device_this_machine_lacks(tmp_path, capsys):
     runs = tmp_path / "runs"
     assert main(["bench", "suite", "demo", "--device", "cuda", "--workers", "4", "--time-budget", "600", "--plan",
                  "--out", str(tmp_path / "out"), "--runs-dir", str(runs)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "[plan] 4 worker(s), 600 s on cuda, if every estimate held:"
-    assert lines[-1] == "[plan] 0 of 3 runs left would finish, 3 would be cut short, 0 not started"  # no estimate
+    assert lines[-2] == "[plan] 0 of 3 runs left would finish, 3 would be cut short, 0 not started"  # no estimate
+    assert lines[-1] == "[plan] the runs left need 0 s of one worker by their estimates, and 3 runs have none"
     assert not runs.exists() and not (tmp_path / "out").exists()

@@ -15,8 +15,10 @@ time left before the stop (``estimate``: the seconds it still needs):
    machine goes on with has logged rounds of both; its checkpoint's segments say which): their mean ``seconds``
    x the rounds after its last checkpoint;
 2. else the mean seconds per round of the other runs of the same preset and label (other seeds) on the same
-   device type: the finished ones' rounds there (``machine.device_split``), and the unfinished ones' own pace
-   where it counts by rule 1; x the rounds after its last checkpoint;
+   device type: the finished ones' rounds there (``machine.device_split``), the unfinished ones' own pace where
+   it counts by rule 1, and the runs of that label its results folder's summaries.json holds at another horizon
+   (a call with ``--rounds``: what a table would cost run longer, from the table as it is); x the rounds after
+   its last checkpoint;
 3. else the same over the suite's runs that do the same work per round (another row or preset): the same
    config but for what leaves a round's work as it is (``ROUND_NEUTRAL``: the seed, the horizon, the step size
    and its schedule, how the data are split, where the run is written). Never another method's pace, nor
@@ -79,7 +81,7 @@ from ..errors import HetflError
 from ..machine import device_split, device_type
 from ..rundir import read_jsonl
 from .runner import (FINISHED, _named_configs, _record_finished, at_target, finished_run, load_preset,
-                     run_bench, run_lock, run_one, saved_runs)
+                     read_summaries, run_bench, run_lock, run_one, saved_runs)
 
 ESTIMATE_MARGIN = 1.2  # estimates come from other seeds, other loads, other thread counts
 OWN_PACE_ROUNDS = 5  # a run's own rounds estimate its pace from this many on (the module's docstring, rule 1)
@@ -117,6 +119,9 @@ class Job:
     cfg: Config  # writes to its run folder under the runs folder
     labels: list[tuple[str, str]] = field(default_factory=list)  # (preset, label) of each preset holding it
     finished_files: list[Path] = field(default_factory=list)  # their FINISHED files
+    # the summaries of its labels' runs that their results folders hold and the suite does not run: the same rows
+    # at another horizon (``--rounds``) or of seeds not asked for (rule 2 of the module's docstring)
+    saved_elsewhere: list[dict] = field(default_factory=list)
 
 
 def load_suite(presets: list[str], out: str | None, runs_root: Path, overrides: dict,
@@ -144,6 +149,12 @@ def suite_jobs(suite: list[PresetRuns]) -> list[Job]:
             job = jobs.setdefault(cfg.name, Job(cfg))
             job.labels.append((p.name, label))
             job.finished_files.append(p.out_dir / FINISHED)
+    for p in suite:
+        saved = read_summaries(p.out_dir / "summaries.json") if (p.out_dir / "summaries.json").exists() else {}
+        for label, _, cfg in p.configs:
+            job = jobs[cfg.name]
+            job.saved_elsewhere += [s for s in saved.get(label, []) if Path(s.get("run_dir", "")).name not in jobs
+                                    and s not in job.saved_elsewhere]
     return list(jobs.values())
 
 
@@ -196,10 +207,13 @@ def estimate_and_source(job: Job, jobs: list[Job], finished: dict[str, dict]) ->
         return paces_of[other.cfg.name]
 
     work = round_work(cfg)
-    for whose, related in (("its label's runs", lambda other: set(other.labels) & set(job.labels)),
-                           ("runs of the same work per round", lambda other: round_work(other.cfg) == work)):
+    saved = [seconds / rounds for seconds, rounds in (device_split(s).get(device, (0.0, 0))
+                                                      for s in job.saved_elsewhere) if rounds]
+    for whose, related, also in (("its label's runs", lambda other: set(other.labels) & set(job.labels), saved),
+                                 ("runs of the same work per round", lambda other: round_work(other.cfg) == work,
+                                  [])):
         paces = [pace for other in jobs if other is not job and related(other)
-                 and (pace := pace_of(other)) is not None]
+                 and (pace := pace_of(other)) is not None] + also
         if paces:
             return mean(paces) * left, f"{whose} on {device}"
     return (mean(logged) * left, f"its own {len(logged)} rounds") if logged else (None, "nothing known")
@@ -337,6 +351,9 @@ def plan_lines(planned: list[Planned], budget: float, workers: int, device: str)
     cut = sum(p.start is not None and p.end is None for p in planned)
     lines.append(f"[plan] {done} of {len(planned)} runs left would finish, {cut} would be cut short, "
                  f"{len(planned) - done - cut} not started")
+    unknown = sum(p.need is None for p in planned)
+    lines.append(f"[plan] the runs left need {sum(p.need or 0.0 for p in planned):.0f} s of one worker by their "
+                 "estimates" + (f", and {unknown} {'run has' if unknown == 1 else 'runs have'} none" if unknown else ""))
     return lines
 
 
