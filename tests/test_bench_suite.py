@@ -357,6 +357,12 @@ def test_a_plan_at_another_horizon_takes_the_pace_of_the_table_as_it_is(tmp_path
     assert lines[2] == "[plan] rows small, seed 0, no estimate: from 0 s: cut short at the stop, its checkpoints kept"
     assert lines[-1] == f"[plan] the runs left need {need:.0f} s of one worker by their estimates, and 1 run has none"
     assert [p.name.split("-")[0] for p in runs.glob("*-s0")] == ["alllarge"]  # nothing trained
+    # an interim table's runs (finished-runs.json, by run folder name) price it too
+    (out / "rows" / "summaries.json").unlink()
+    (out / "rows" / FINISHED).write_text(json.dumps({Path(saved["run_dir"]).name: saved}))
+    assert main(["bench", "suite", str(preset), "--rounds", "30", "--plan", "--time-budget", "100000",
+                 "--workers", "2", "--out", str(out), "--runs-dir", str(runs)]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == lines[1]
 
 
 def test_a_plan_trains_nothing_and_may_name_a_device_this_machine_lacks(tmp_path, capsys):

@@ -16,9 +16,9 @@ time left before the stop (``estimate``: the seconds it still needs):
    x the rounds after its last checkpoint;
 2. else the mean seconds per round of the other runs of the same preset and label (other seeds) on the same
    device type: the finished ones' rounds there (``machine.device_split``), the unfinished ones' own pace where
-   it counts by rule 1, and the runs of that label its results folder's summaries.json holds at another horizon
-   (a call with ``--rounds``: what a table would cost run longer, from the table as it is); x the rounds after
-   its last checkpoint;
+   it counts by rule 1, and the runs of that label its results folder holds at the preset's own horizon (a call
+   with ``--rounds``: what a table would cost run longer, from the table as it is); x the rounds after its last
+   checkpoint;
 3. else the same over the suite's runs that do the same work per round (another row or preset): the same
    config but for what leaves a round's work as it is (``ROUND_NEUTRAL``: the seed, the horizon, the step size
    and its schedule, how the data are split, where the run is written). Never another method's pace, nor
@@ -81,7 +81,7 @@ from ..errors import HetflError
 from ..machine import device_split, device_type
 from ..rundir import read_jsonl
 from .runner import (FINISHED, _named_configs, _record_finished, at_target, finished_run, load_preset,
-                     read_summaries, run_bench, run_lock, run_one, saved_runs)
+                     run_bench, run_lock, run_one, saved_runs)
 
 ESTIMATE_MARGIN = 1.2  # estimates come from other seeds, other loads, other thread counts
 OWN_PACE_ROUNDS = 5  # a run's own rounds estimate its pace from this many on (the module's docstring, rule 1)
@@ -110,6 +110,9 @@ class PresetRuns:
     given: str
     out_dir: Path
     configs: list[tuple[str, int, Config]]
+    # the runs its results folder holds at the preset's own horizon, by label: with ``--rounds``, the pace of the
+    # table as it is (rule 2 of the module's docstring)
+    saved: dict[str, dict[str, dict]] = field(default_factory=dict)  # label -> run folder name -> summary
 
 
 @dataclass
@@ -137,8 +140,24 @@ def load_suite(presets: list[str], out: str | None, runs_root: Path, overrides: 
         out_dir = Path(out) / name if out else Path("results") / name
         if any(p.out_dir == out_dir for p in suite):
             raise HetflError(f"bench suite: preset '{name}' is named twice (its results go to {out_dir}); name it once")
-        suite.append(PresetRuns(name, given, out_dir, _named_configs(preset, overrides, seeds, runs_root)))
+        suite.append(PresetRuns(name, given, out_dir, _named_configs(preset, overrides, seeds, runs_root),
+                                _saved_by_label(preset, overrides, out_dir, runs_root)))
     return suite
+
+
+def _saved_by_label(preset: dict, overrides: dict, out_dir: Path, runs_root: Path) -> dict[str, dict[str, dict]]:
+    """The runs ``out_dir`` holds (its summaries.json and ``FINISHED``) of the preset's rows at the preset's own
+    horizon, every seed they hold, by label and run folder name."""
+    saved = saved_runs(out_dir)
+    if not saved:
+        return {}
+    seeds = sorted({*preset.get("seeds", [0]), *(s["seed"] for s in saved.values() if isinstance(s.get("seed"), int))})
+    own = {k: v for k, v in overrides.items() if k != "rounds"}
+    by_label: dict[str, dict[str, dict]] = {}
+    for label, _, cfg in _named_configs(preset, own, seeds, runs_root):
+        if (summary := saved.get(cfg.name)) is not None:
+            by_label.setdefault(label, {})[cfg.name] = summary
+    return by_label
 
 
 def suite_jobs(suite: list[PresetRuns]) -> list[Job]:
@@ -150,11 +169,10 @@ def suite_jobs(suite: list[PresetRuns]) -> list[Job]:
             job.labels.append((p.name, label))
             job.finished_files.append(p.out_dir / FINISHED)
     for p in suite:
-        saved = read_summaries(p.out_dir / "summaries.json") if (p.out_dir / "summaries.json").exists() else {}
         for label, _, cfg in p.configs:
             job = jobs[cfg.name]
-            job.saved_elsewhere += [s for s in saved.get(label, []) if Path(s.get("run_dir", "")).name not in jobs
-                                    and s not in job.saved_elsewhere]
+            job.saved_elsewhere += [s for name, s in p.saved.get(label, {}).items()
+                                    if name not in jobs and s not in job.saved_elsewhere]
     return list(jobs.values())
 
 
@@ -352,8 +370,9 @@ def plan_lines(planned: list[Planned], budget: float, workers: int, device: str)
     lines.append(f"[plan] {done} of {len(planned)} runs left would finish, {cut} would be cut short, "
                  f"{len(planned) - done - cut} not started")
     unknown = sum(p.need is None for p in planned)
+    none = f", and {unknown} {'run has' if unknown == 1 else 'runs have'} none" if unknown else ""
     lines.append(f"[plan] the runs left need {sum(p.need or 0.0 for p in planned):.0f} s of one worker by their "
-                 "estimates" + (f", and {unknown} {'run has' if unknown == 1 else 'runs have'} none" if unknown else ""))
+                 f"estimates{none}")
     return lines
 
 
