@@ -124,7 +124,7 @@ class Job:
     finished_files: list[Path] = field(default_factory=list)  # their FINISHED files
     # the summaries of its labels' runs that their results folders hold and the suite does not run: the same rows
     # at another horizon (``--rounds``) or of seeds not asked for (rule 2 of the module's docstring)
-    saved_elsewhere: list[dict] = field(default_factory=list)
+    saved_elsewhere: dict[str, dict] = field(default_factory=dict)  # run folder name -> summary
 
 
 def load_suite(presets: list[str], out: str | None, runs_root: Path, overrides: dict,
@@ -171,8 +171,7 @@ def suite_jobs(suite: list[PresetRuns]) -> list[Job]:
     for p in suite:
         for label, _, cfg in p.configs:
             job = jobs[cfg.name]
-            job.saved_elsewhere += [s for name, s in p.saved.get(label, {}).items()
-                                    if name not in jobs and s not in job.saved_elsewhere]
+            job.saved_elsewhere.update((name, s) for name, s in p.saved.get(label, {}).items() if name not in jobs)
     return list(jobs.values())
 
 
@@ -226,7 +225,7 @@ def estimate_and_source(job: Job, jobs: list[Job], finished: dict[str, dict]) ->
 
     work = round_work(cfg)
     saved = [seconds / rounds for seconds, rounds in (device_split(s).get(device, (0.0, 0))
-                                                      for s in job.saved_elsewhere) if rounds]
+                                                      for s in job.saved_elsewhere.values()) if rounds]
     for whose, related, also in (("its label's runs", lambda other: set(other.labels) & set(job.labels), saved),
                                  ("runs of the same work per round", lambda other: round_work(other.cfg) == work,
                                   [])):
