@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from weights import assert_identical
 
 from hetfl.data import load_dataset
 from hetfl.data.server import server_data
@@ -96,3 +97,17 @@ def test_the_distillation_summary_reads_the_rounds_that_logged_it(tmp_path):
         [tmp_path.name, "1", "2", "100", "75", "0.0300", "0.0075", "30.0"],
         [tmp_path.name, "2", "2", "150", "125", "0.0400", "0.0150", "50.0"],
         [tmp_path.name, "all", "2", "-", "-", "-", "-", "55% of a round"]]  # median of 60% and 50%
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+    """The server's distillation (its batches, its early stopping) draws nothing a checkpoint loses: a run stopped
+    after round 2 and resumed ends bit-identical to one that never stopped."""
+    cfg = config_from({**SMALL, "rounds": 3, "checkpoint_every": 1, "out": str(tmp_path)})
+    whole = Simulation(cfg.replace(name="whole")).run(progress=False)
+    cut = Simulation(cfg.replace(name="cut"))
+    cut.run(progress=False, stop_after=2)
+    resumed = Simulation.resume(cut.run_dir)
+    assert resumed.start_round == 2
+    summary = resumed.run(progress=False)
+    load = lambda s: torch.load(f"{s['run_dir']}/final_model.pt", weights_only=True)  # noqa: E731
+    assert_identical(load(whole), load(summary))
