@@ -26,7 +26,7 @@ dataset = "digits"
 num_clients = 10
 model_width = 0.25
 client_fraction = 0.5
-rounds = 100
+rounds = {rounds}
 checkpoint_every = 1
 [[runs]]
 label = "only"
@@ -64,13 +64,28 @@ def test_demo_within_budget_and_a_second_call_completes_the_table(tmp_path):
     assert len(list(runs.glob("*-s0/summary.json"))) == 3  # each run trained once
 
 
+def rounds_lasting(seconds: float, folder: Path) -> int:
+    """Rounds of ``LONG``'s run that take about ``seconds`` of training on this machine, from a 6-round run's median
+    round (100 to 2,000): a fixed horizon that a slow machine needs 40 s for, a fast one finished within the 15 s
+    call that must not finish it (CI, stop 54)."""
+    preset = folder / "pace.toml"
+    folder.mkdir()
+    preset.write_text(LONG.format(rounds=6))
+    done, _ = suite(str(preset), "--out", str(folder / "out"), "--runs-dir", str(folder / "runs"), budget=120)
+    assert done.returncode == 0, done.stderr
+    (metrics,) = (folder / "runs").glob("*/metrics.jsonl")
+    pace = sorted(json.loads(line)["seconds"] for line in metrics.read_text().splitlines()[1:])[2]
+    return min(2000, max(100, round(seconds / pace)))
+
+
 @pytest.mark.soak
 def test_a_small_budget_stops_the_worker_and_later_calls_resume(tmp_path):
     """A run longer than the budget is stopped before the budget ends and keeps its checkpoint; a call whose
     budget cannot hold the rest still advances it to its next checkpoints; a larger one finishes it and writes the
     table."""
-    preset = tmp_path / "long.toml"
-    preset.write_text(LONG)
+    rounds = rounds_lasting(60, tmp_path / "pace")  # whatever this machine's speed: the 20 s and 15 s calls cannot
+    preset = tmp_path / "long.toml"                   # finish it, a 300 s one can
+    preset.write_text(LONG.format(rounds=rounds))
     out, runs = tmp_path / "out", tmp_path / "runs"
     where = [str(preset), "--out", str(out), "--runs-dir", str(runs), "--workers", "2"]
 
@@ -95,9 +110,9 @@ def test_a_small_budget_stops_the_worker_and_later_calls_resume(tmp_path):
     assert third.returncode == 0, third.stderr
     assert "resumed after round" in third.stdout and "runs left: 0;" in third.stdout
     summaries = json.loads((out / "long" / "summaries.json").read_text())
-    assert summaries["only"][0]["rounds"] == 100 and (out / "long" / "table.md").exists()
-    rounds = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert rounds == list(range(1, 101))
+    assert summaries["only"][0]["rounds"] == rounds and (out / "long" / "table.md").exists()
+    logged = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, rounds + 1))
 
 
 def _workers(pid: int) -> list[int]:
