@@ -136,7 +136,7 @@ def test_a_worker_stops_when_its_suite_process_is_killed(tmp_path):
     import signal
 
     preset = tmp_path / "long.toml"
-    preset.write_text(LONG)
+    preset.write_text(LONG.format(rounds=1000))  # never finished: the worker is stopped after round 1
     runs = tmp_path / "runs"
     suite_process = subprocess.Popen([sys.executable, "-m", "hetfl", "bench", "suite", str(preset), "--time-budget",
                                       "600", "--quiet", "--out", str(tmp_path / "out"), "--runs-dir", str(runs)],
