@@ -1,4 +1,4 @@
-"""Where a preset's runs plateau, read from pilot runs at a long horizon (issue 36: horizons from the criterion).
+"""Where a preset's runs plateau, read from pilot runs at a long horizon: a table's horizon from its plateau criterion.
 
     .venv/bin/python scripts/plateau.py RUNS_DIR PRESET... [--rounds 150] [--seeds 0] [--json OUT.json]
     .venv/bin/python scripts/plateau.py --table docs/results/LONGER --for PRESET... [--json OUT.json]

@@ -1,7 +1,8 @@
-"""Bad input never reaches a traceback (issue 37): a table of bad values, files and folders across every subcommand.
+"""Bad input never reaches a traceback: a table of bad values, files and folders across every subcommand.
 
 Each case runs ``hetfl ARGS`` in this process on a folder prepared for it and asserts the contract of
-``errors.HetflError``: exit code 2, one line on stderr that starts ``hetfl: error:``, and no file created,
+``errors.HetflError``: exit code 2, one line on stderr that starts ``hetfl: error:``, nothing on stdout (the
+input is checked before any work, not after it), and no file created,
 changed or removed anywhere under the case's folder (a ``.lock``'s content aside: a refused resume
 writes its pid into the lock it held, and the lock file itself stays).
 
@@ -76,10 +77,12 @@ def refused(case: Case, tmp: Path, capsys) -> str:
         code = main([a.replace("{tmp}", str(tmp)) for a in case.argv])
     finally:
         signal.alarm(0)
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     lines = err.strip().splitlines()
     assert code == 2, f"exit {code}: {err}"
     assert len(lines) == 1 and lines[0].startswith("hetfl: error: "), err
+    assert captured.out == "", f"work done before the refusal: {captured.out[:300]}"
     assert snapshot(tmp) == before, f"files changed: {set(snapshot(tmp).items()) ^ set(before.items())}"
     assert case.says in lines[0], lines[0]
     return lines[0]
@@ -171,6 +174,22 @@ VALUES = [
     Case("bench flower rounds -2", ["bench", "flower", "--rounds=-2", "--out", "{tmp}/r"], says="rounds"),
     Case("bench memory unknown model", ["bench", "memory", "--model", "vgg"], says="vgg"),
     Case("bench device nonsense", ["bench", "demo", "--device", "tpu9", "--out", "{tmp}/r"], says="tpu9"),
+    Case("bench --out an existing file", ["bench", "demo", "--out", "{tmp}/f", "--runs-dir", "{tmp}/runs"],
+         lambda tmp: (tmp / "f").write_text("x"), "--out"),
+    Case("bench --out below a file", ["bench", "demo", "--out", "{tmp}/f/r", "--runs-dir", "{tmp}/runs"],
+         lambda tmp: (tmp / "f").write_text("x"), "--out"),
+    Case("bench --runs-dir an existing file", ["bench", "demo", "--out", "{tmp}/r", "--runs-dir", "{tmp}/f"],
+         lambda tmp: (tmp / "f").write_text("x"), "--runs-dir"),
+    Case("bench --out unwritable", ["bench", "demo", "--out", "/proc/r", "--runs-dir", "{tmp}/runs"], says="/proc"),
+    Case("suite --out an existing file", ["bench", "suite", "demo", "--time-budget", "60", "--out", "{tmp}/f",
+                                          "--runs-dir", "{tmp}/runs"], lambda tmp: (tmp / "f").write_text("x"), "--out"),
+    Case("flower bench --out an existing file", ["bench", "flower", "--out", "{tmp}/f"],
+         lambda tmp: (tmp / "f").write_text("x"), "--out"),
+    Case("run name too long", [*RUN, "--name", "n" * 250], says="name"),
+    Case("run out folder name too long", [*RUN[:-1], "{tmp}/" + "o" * 300], says="out"),
+    Case("run path too long", [*RUN[:-1], "{tmp}/" + "/".join(["p" * 200] * 21)], says="path"),
+    Case("run default name too long", ["run", "--quiet", "--dataset", "npz:{tmp}/" + "d" * 240 + ".npz",
+                                       "--out", "{tmp}/runs"], says="name"),
 ]
 
 
@@ -286,10 +305,16 @@ DATA = [
     Case("npz one class", NPZ, npz(y_train=np.zeros(40, int), y_test=np.zeros(12, int)), "class"),
     Case("npz fewer samples than clients", [*NPZ, "--num-clients", "50", "--client-fraction", "0.1"],
          npz(x_train=np.zeros((20, 8, 8)), y_train=np.arange(20) % 4), "client"),
+    Case("npz fewer samples than clients, test classes untrained",
+         [*NPZ, "--num-clients", "50", "--client-fraction", "0.1"],
+         npz(x_train=np.zeros((20, 8, 8)), y_train=np.arange(20) % 2), "client"),  # a warning, then the error
     Case("npz not a zip", NPZ, lambda tmp: (tmp / "d.npz").write_text("hello"), "zip"),
     Case("npz is a folder", NPZ, lambda tmp: (tmp / "d.npz").mkdir(), "d.npz"),
     Case("crop padding beyond the image", [*RUN, "--crop-padding", "100"], says="crop_padding"),
+    # refused from the dataset's name, before its files are looked for (the case's machine need not hold them)
     Case("flip on text", ["run", "--dataset", "r8", "--flip", "true", "--out", "{tmp}/runs"], says="flip"),
+    Case("crop on own text", ["run", "--dataset", "text:{tmp}/none", "--crop-padding", "2", "--out", "{tmp}/runs"],
+         says="crop_padding"),
 ]
 
 
@@ -315,6 +340,23 @@ DATA += [
     Case("cifar batch labels words", CIFAR, cifar_folder(pickle.dumps({b"data": np.zeros((4, 3072), np.uint8),
                                                                       b"labels": ["a"] * 4})), "data_batch_3"),
     Case("cifar batch pickles code", CIFAR, cifar_folder(pickle.dumps(Path("x"))), "data_batch_3"),
+    Case("cifar batch data words", CIFAR, cifar_folder(pickle.dumps({b"data": np.full((4, 3072), "a"),
+                                                                    b"labels": [0, 1, 2, 3]})), "data_batch_3"),
+    Case("cifar batch data a list of words", CIFAR, cifar_folder(pickle.dumps({b"data": [["x"] * 3072] * 4,
+                                                                              b"labels": [0, 1, 2, 3]})),
+         "data_batch_3"),
+    Case("cifar batch data floats", CIFAR, cifar_folder(pickle.dumps({b"data": np.full((4, 3072), 0.5),
+                                                                     b"labels": [0, 1, 2, 3]})), "data_batch_3"),
+    Case("cifar batch data ragged", CIFAR, cifar_folder(pickle.dumps({b"data": [[0] * 3072, [0]],
+                                                                     b"labels": [0, 1]})), "data_batch_3"),
+    Case("cifar batch pixel 300", CIFAR, cifar_folder(pickle.dumps({b"data": np.full((4, 3072), 300),
+                                                                   b"labels": [0, 1, 2, 3]})), "data_batch_3"),
+    Case("cifar batch labels an array of words", CIFAR,
+         cifar_folder(pickle.dumps({b"data": np.zeros((4, 3072), np.uint8), b"labels": np.array(["1"] * 4)})),
+         "data_batch_3"),
+    Case("cifar batch labels 2^64 - 1", CIFAR,
+         cifar_folder(pickle.dumps({b"data": np.zeros((4, 3072), np.uint8),
+                                    b"labels": np.full(4, 2 ** 64 - 1, np.uint64)})), "data_batch_3"),
 ]
 
 

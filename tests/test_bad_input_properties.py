@@ -1,13 +1,16 @@
-"""Property tests of the input contract (issue 37): whatever values, TOML documents or flags a user gives, hetfl
+"""Property tests of the input contract: whatever values, TOML documents or flags a user gives, hetfl
 either accepts a config whose every value is usable, or refuses with one line (HetflError; the CLI: exit 2) and
 creates nothing. Seeded (derandomized) so that CI runs the same examples every time."""
 
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import fields
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -143,3 +146,54 @@ def test_any_flags_exit_2_with_one_line_and_nothing_created(command, flags, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("hetfl: error: "), (argv, err)
     assert not any(out.iterdir()), argv
+
+
+# ---- CIFAR batch files: any arrays-only pickle ----------------------------------------------------------------
+numbers = st.one_of(st.integers(min_value=-2 ** 70, max_value=2 ** 70), st.integers(0, 300),
+                    st.floats(allow_nan=True, allow_infinity=True), st.booleans())
+leaves = st.one_of(numbers, st.text(max_size=3), st.binary(max_size=3), st.none())
+pixel_dtypes = st.sampled_from([np.uint8, np.int16, np.int64, np.uint64, np.float32, np.float64, np.bool_, "U2",
+                                object])
+
+
+@st.composite
+def numpy_arrays(draw) -> np.ndarray:
+    """A small array of any kind: a right-width image block or not, of numbers, words or objects."""
+    rows = draw(st.integers(0, 3))
+    shape = draw(st.sampled_from([(rows, 3072), (rows,), (rows, 7), (rows, 3072, 1), ()]))
+    dtype = draw(pixel_dtypes)
+    fill = draw(st.one_of(st.integers(-3, 300), st.floats(allow_nan=True, allow_infinity=True), st.just("a")))
+    try:
+        with np.errstate(all="ignore"):  # a NaN or 300 cast to uint8 is the point, not a problem
+            return np.full(shape, fill, dtype=dtype)
+    except (ValueError, TypeError, OverflowError):
+        return np.zeros(shape, dtype=dtype)
+
+
+contents = st.recursive(st.one_of(leaves, numpy_arrays()),
+                        lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
+                                                st.dictionaries(st.sampled_from([b"data", b"labels", "data", 1]),
+                                                                inner, max_size=3)), max_leaves=8)
+batches = st.one_of(contents, st.fixed_dictionaries({b"data": contents, b"labels": contents}),
+                    st.fixed_dictionaries({b"data": numpy_arrays(), b"labels": st.one_of(numpy_arrays(), contents)}))
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(batch=batches, protocol=st.sampled_from([2, 4, 5]))
+def test_any_cifar_batch_content_loads_or_gives_one_line(tmp_path_factory, batch, protocol):
+    """A CIFAR batch file holding any pickle of arrays and plain containers: a loaded dataset or HetflError, never
+    another exception."""
+    from hetfl.data import datasets
+
+    folder = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
+    folder.mkdir()
+    good = pickle.dumps({b"data": np.zeros((4, 3072), np.uint8), b"labels": [0, 1, 2, 3]})
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(good)
+    (folder / "data_batch_2").write_bytes(pickle.dumps(batch, protocol=protocol))
+    try:
+        dataset = datasets.load_dataset("cifar10", str(folder.parent))
+    except HetflError as e:
+        assert "\n" not in str(e) and "data_batch_2" in str(e), str(e)
+        return
+    assert dataset.x_train.shape[1:] == (3, 32, 32) and dataset.y_train.dtype == torch.int64

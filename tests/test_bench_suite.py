@@ -67,7 +67,7 @@ def test_demo_within_budget_and_a_second_call_completes_the_table(tmp_path):
 def rounds_lasting(seconds: float, folder: Path) -> int:
     """Rounds of ``LONG``'s run that take about ``seconds`` of training on this machine, from a 6-round run's median
     round (100 to 2,000): a fixed horizon that a slow machine needs 40 s for, a fast one finished within the 15 s
-    call that must not finish it (CI, stop 54)."""
+    call that must not finish it (as on CI's machine)."""
     preset = folder / "pace.toml"
     folder.mkdir()
     preset.write_text(LONG.format(rounds=6))
@@ -222,7 +222,7 @@ method = "alllarge"
 
 
 def test_reuse_saved_trains_only_the_runs_a_committed_table_lacks(tmp_path, capsys):
-    """A lease on a fresh machine (no runs folder) with --reuse-saved takes the runs the results folder holds and
+    """A suite on a fresh machine (no runs folder) with --reuse-saved takes the runs the results folder holds and
     trains only the new row; the table then has both, the saved one unchanged."""
     preset = tmp_path / "rows.toml"
     preset.write_text(TWO_ROWS)
@@ -249,7 +249,7 @@ def test_reuse_saved_trains_only_the_runs_a_committed_table_lacks(tmp_path, caps
 
 def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(tmp_path):
     """The module's rules, on hand-made run folders: few rounds of its own yield to its siblings' pace, the
-    rounds a lease timed on cuda never estimate a run going on on the CPU, and the pace of another method, or of
+    rounds timed on cuda never estimate a run going on on the CPU, and the pace of another method, or of
     the same method with another recipe, never estimates a run."""
     from dataclasses import fields
 
@@ -275,9 +275,9 @@ def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(
             (tmp_path / name / "checkpoint").mkdir(exist_ok=True)
             torch.save({"round": checkpoint, "segments": list(segments)}, tmp_path / name / "checkpoint" / "state.pt")
 
-    sibling, few, many, lease, fresh = (job("sib", 0), job("few", 1), job("many", 2), job("lease", 3),
-                                        job("fresh", 4, label="B"))
-    jobs = [sibling, few, many, lease, fresh]
+    sibling, few, many, gpu, fresh = (job("sib", 0), job("few", 1), job("many", 2), job("gpu", 3),
+                                      job("fresh", 4, label="B"))
+    jobs = [sibling, few, many, gpu, fresh]
     finished = {"sib": {"wall_seconds": 200.0, "rounds": 20, "device": "cpu"}}  # 10 s a round
     logged("few", [90.0, 90.0], checkpoint=1)  # two rounds under contention: its siblings' pace, for 19 rounds
     assert estimate(few, jobs, finished) == pytest.approx(10 * 19)
@@ -285,10 +285,10 @@ def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(
     logged("many", [20.0] * OWN_PACE_ROUNDS, checkpoint=4)  # enough of its own: 20 s a round, 16 rounds left
     assert estimate(many, jobs, finished) == pytest.approx(20 * 16)
     cuda_then_cpu = [{"from_round": 1, "device": "cuda:0"}, {"from_round": 7, "device": "cpu"}]
-    logged("lease", [1.0] * 6 + [30.0] * 4, checkpoint=10, segments=cuda_then_cpu)
+    logged("gpu", [1.0] * 6 + [30.0] * 4, checkpoint=10, segments=cuda_then_cpu)
     # 4 CPU rounds: too few; its siblings': the finished one's 10 s and the unfinished one's own 20 s
-    assert estimate(lease, jobs, finished) == pytest.approx(15 * 10)
-    assert estimate(lease, [lease], {}) == pytest.approx(30 * 10)  # alone: its own few, never the lease's 1 s
+    assert estimate(gpu, jobs, finished) == pytest.approx(15 * 10)
+    assert estimate(gpu, [gpu], {}) == pytest.approx(30 * 10)  # alone: its own few, never cuda's 1 s
     assert estimate(fresh, jobs, finished) == pytest.approx(15 * 20)  # the same work per round, another label
     tuned = job("tuned", 6, label="D", lr=0.2, lr_schedule="cosine", partition="dirichlet", alpha=1.0)
     assert estimate(tuned, [*jobs, tuned], finished) == pytest.approx(15 * 20)  # another step size and split
@@ -298,10 +298,10 @@ def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(
     assert estimate(fresh, [fresh, few], {}) is None
     other = job("other", 5, label="C", method="depthfl")  # its preset's, of another method: not its pace
     assert estimate(other, [*jobs, other], finished) is None
-    (tmp_path / "lease" / "config.json").write_text(json.dumps({"device": "cuda"}))  # an older lease run: began
-    logged("lease", [1.0] * 8, checkpoint=8, segments=[{"from_round": 1}])  # there, its segments name no device
-    assert estimate(lease, [lease], {}) is None
-    assert estimate(fresh, [fresh, lease], {}) is None  # nor do they estimate another run on the CPU
+    (tmp_path / "gpu" / "config.json").write_text(json.dumps({"device": "cuda"}))  # an older GPU run: began
+    logged("gpu", [1.0] * 8, checkpoint=8, segments=[{"from_round": 1}])  # there, its segments name no device
+    assert estimate(gpu, [gpu], {}) is None
+    assert estimate(fresh, [fresh, gpu], {}) is None  # nor do they estimate another run on the CPU
     mixed = {"wall_seconds": 150.0, "rounds": 20, "device": "cpu", "segments": [  # 10 rounds there, 10 here
         {"from_round": 1, "device": "cuda", "elapsed_before": 0.0},
         {"from_round": 11, "device": "cpu", "elapsed_before": 50.0}]}

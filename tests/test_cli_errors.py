@@ -152,8 +152,8 @@ def test_a_checkpoint_from_before_an_option_existed_still_resumes(tmp_path, caps
 
 
 def test_a_run_begun_on_an_accelerator_goes_on_on_the_cpu(tiny_cfg, capsys):
-    """The device is no part of the experiment: a run whose folder names cuda (made so by hand here, as a lease's
-    run cut short comes back) resumes with --device cpu, and each stretch of rounds names its hardware."""
+    """The device is no part of the experiment: a run whose folder names cuda (made so by hand here, as a run a GPU
+    cut short comes back) resumes with --device cpu, and each stretch of rounds names its hardware."""
     from hetfl.sim import Simulation
 
     whole = Simulation(tiny_cfg(name="whole")).run(progress=False)

@@ -1,4 +1,4 @@
-"""Run folders survive kills, races and damaged files (issue 9, items 1-7).
+"""Run folders survive kills, races and damaged files.
 
 Kills are real: a `hetfl run` subprocess gets SIGKILL, either from the test at a moment it waits
 for, or from itself at a named point (HETFL_CRASH_AT, see hetfl.rundir) when the moment is a
@@ -201,6 +201,33 @@ def test_partial_last_metrics_line_is_dropped_on_resume_and_skipped_by_plot(tmp_
 
 
 # ---- 4. a damaged client state file ---------------------------------------------------------------------------
+@pytest.mark.parametrize("damage,lost", [
+    (lambda text: text[:len(text.splitlines()[0]) + 30], [2, 3]),  # truncated inside round 2's line
+    (None, [1, 2, 3]),                                                # deleted
+])
+def test_resume_names_the_rounds_whose_metrics_were_lost_and_summary_records_them(tmp_path, tmp_cfg_run, capsys,
+                                                                                  damage, lost):
+    """Checkpointed after round 3, then metrics.jsonl damaged: the resume finishes with the uninterrupted run's
+    weights, says on one stderr line exactly which rounds' records are gone, and summary.json lists them."""
+    whole = Simulation(small_cfg(tmp_path / "whole", name="w", rounds=4, checkpoint_every=1))
+    whole.run(progress=False)
+    run = tmp_cfg_run(stop_after=3, checkpoint_every=1)
+    metrics = run / "metrics.jsonl"
+    if damage is None:
+        metrics.unlink()
+    else:
+        metrics.write_text(damage(metrics.read_text()))
+    capsys.readouterr()
+    assert main(["run", "--resume", str(run), "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hetfl: warning: "), err
+    assert f"rounds {lost[0]}..3 " in err[0] and "metrics_lost_rounds" in err[0], err[0]
+    assert json.loads((run / "summary.json").read_text())["metrics_lost_rounds"] == lost
+    assert logged_rounds(run) == [r for r in range(1, 5) if r not in lost]
+    assert_identical(weights(whole.run_dir), weights(run))
+    assert "metrics_lost_rounds" not in json.loads((whole.run_dir / "summary.json").read_text())
+
+
 def test_truncated_client_state_in_the_checkpoint_is_a_one_line_error(tmp_sim, capsys):
     sim = tmp_sim(stop_after=2)  # checkpoint at round 2, whose client files are links to the live ones
     run = sim.run_dir
@@ -283,11 +310,11 @@ def test_bench_runner_resumes_a_run_left_as_checkpoint_old(tmp_path, monkeypatch
 
 
 def test_bench_runner_resumes_on_its_device_a_run_another_device_began(tmp_path, monkeypatch):
-    """A lease's run cut short comes back naming cuda; the runner goes on with it on the device asked now, never
+    """A run a GPU cut short comes back naming cuda; the runner goes on with it on the device asked now, never
     starting it again (the device is no part of the run)."""
     from hetfl.bench.runner import run_one
 
-    cfg = small_cfg(tmp_path / "runs", name="lease-run", rounds=4, checkpoint_every=1)
+    cfg = small_cfg(tmp_path / "runs", name="gpu-run", rounds=4, checkpoint_every=1)
     first = Simulation(cfg)
     first.run(progress=False, stop_after=2)
     state = first.run_dir / "checkpoint" / "state.pt"

@@ -1,4 +1,4 @@
-"""The parts of the Flower engine, fast and in one process (issue 12): node configs, the nodes' own state and data,
+"""The parts of the Flower engine, fast and in one process: node configs, the nodes' own state and data,
 the wire format, and the ServerApp's rounds over an in-process Grid whose nodes are ClientApp calls. The same
 engine with real SuperLink and SuperNode processes is tests/test_flower.py."""
 
@@ -226,7 +226,7 @@ def test_a_restarted_node_serves_its_client_again(deployment):
     assert run.executor.nodes[5] == 205
 
 
-# ---- the warm worker: a long-lived process per node that trains its messages (issue 33) ------------------------------
+# ---- the warm worker: a long-lived process per node that trains its messages -------------------------------------
 @pytest.fixture
 def owner():
     """A process standing in for a SuperNode's SuperExec: the workers started for it end when it does."""

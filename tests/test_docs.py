@@ -41,7 +41,7 @@ def test_run_hours_sum_wall_time_per_device_type():
     runs = [{"device": "cpu", "wall_seconds": 1800.0}, {"wall_seconds": 3600.0},  # no device: a CPU run
             {"device": "cuda:0", "wall_seconds": 720.0}, {"device": "cuda", "wall_seconds": 180.0},
             {"device": "cpu", "wall_seconds": None},
-            {"device": "cpu", "wall_seconds": 1080.0, "segments": [  # begun on a lease, finished here
+            {"device": "cpu", "wall_seconds": 1080.0, "segments": [  # begun on a GPU, finished here
                 {"from_round": 1, "device": "cuda:0", "elapsed_before": 0.0},
                 {"from_round": 11, "device": "cpu", "elapsed_before": 180.0}]}]
     assert results_index.run_hours(runs) == {"cpu": 1.75, "cuda": 0.3}

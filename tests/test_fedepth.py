@@ -1,4 +1,4 @@
-"""FeDepth and m-FeDepth (issue 11): the decomposition, the block-wise trainer, the skip connection, mutual
+"""FeDepth and m-FeDepth: the decomposition, the block-wise trainer, the skip connection, mutual
 learning, and the memory budget measured on real steps."""
 
 import pytest

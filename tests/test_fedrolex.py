@@ -22,7 +22,7 @@ from hetfl.trainers.schedule import ClientData
 
 def make(**cfg):
     fam = model_family("cnn", (1, 8, 8), 10, width=1 / 16)  # global channels 4/8/16/32
-    method = FedRolex(config_from({"method": "fedrolex", **cfg}), fam, num_levels=4)
+    method = FedRolex(config_from({"method": "fedrolex", **cfg}), fam, num_levels=cfg.get("levels", 4))
     return method, method.init_state(seed=0).params
 
 
@@ -187,3 +187,63 @@ def test_fedrolex_learns_digits(tiny_cfg):
                                   client_test_fraction=0.2)).run(progress=False)
     assert set(summary["final"]) == {"global", "width0.25", "width0.5", "width0.75"}
     assert summary["accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("name", ["preresnet20", "resnet18"])
+def test_a_rolled_resnet_sub_model_is_the_global_model_with_every_weight_outside_its_window_zeroed(name):
+    """Through residual shortcuts (identity and 1x1 projections) and the head: the width-1/2 sub-model at a window
+    that wraps gives the logits of the full-width global model whose every element outside the window is 0 (a zeroed
+    channel stays 0 through batch statistics, ReLU and every shortcut). Evaluation mode: the Scaler is off."""
+    family = model_family(name, (3, 8, 8), 10, width=1 / 4)  # preresnet20: 4/8/16 channels, resnet18: 16 .. 128
+    method = FedRolex(config_from({"method": "fedrolex", "model": name}), family, num_levels=4)
+    spec = method.plan(0, Budget(level=2), 128)  # width 1/2 from index 127: it wraps in every layer (4-128 channels)
+    assert spec.width == 0.5 and spec.offset == 127
+    g = torch.Generator().manual_seed(0)
+    params = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in method.init_state(seed=0).params.items()}
+    local = extract(params, method.models.shapes(spec), spec)
+    sliced = [n for n, t in local.items() if t.shape != params[n].shape]
+    assert any("shortcut" in n for n in sliced) and all(not is_view(window(params[n].shape, local[n].shape, 127))
+                                                        for n in sliced)
+    zeroed = {k: torch.where(mask, value, torch.zeros(())) for k, (value, mask) in scatter(local, params, spec).items()}
+    x = torch.randn(4, 3, 8, 8, generator=g)
+    sub = method.models.loaded(spec, local).eval()(x)[-1]
+    full = method.models.loaded(method.full_spec(), zeroed).eval()(x)[-1]
+    assert torch.allclose(sub, full, atol=1e-5)
+    whole = {n: params[n] for n in method.models.shapes(method.full_spec())}
+    assert not torch.allclose(sub, method.models.loaded(method.full_spec(), whole).eval()(x)[-1], atol=1e-3)
+
+
+def test_over_k_rounds_every_channel_of_a_k_wide_layer_is_held_r_k_times_by_a_width_r_client():
+    """FedRolex's claim that the roll trains every channel equally: K = 16 by hand, then the widest layer of a real
+    model (32 channels) under the five capacities 1/16 .. 1 of its regime, through ``plan`` and the sub-model shapes."""
+    for r in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1):
+        held = torch.zeros(16)
+        for t in range(1, 17):
+            held[window((16,), (int(16 * r),), window_offset(t))] += 1
+        assert held.tolist() == [16 * r] * 16
+    widths = [1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
+    method, g = make(levels=5, widths=widths)
+    name = "blocks.3.0.weight"  # the widest layer: 32 output channels
+    k = g[name].shape[0]
+    assert k == 32
+    for level, r in enumerate(widths, start=1):
+        held = torch.zeros(k)
+        for t in range(1, k + 1):
+            spec = method.plan(0, Budget(level=level), t)
+            s = method.models.shapes(spec)[name][0]
+            held[window((k,), (s,), spec.offset)] += 1
+        assert held.tolist() == [r * k] * k, level
+
+
+def test_the_regime_preset_rolls_every_levels_window_over_every_channel_of_the_widest_layer():
+    """fedrolex-regime: capacities 1/16 .. 1 redrawn every round, and at least as many rounds as the widest layer has
+    channels, so that each level's window starts at every index of it (each channel held r K times by the window)."""
+    from hetfl.bench.runner import load_preset, preset_configs
+    from hetfl.methods import build_method
+
+    _, preset = load_preset("fedrolex-regime")
+    for label, _, cfg in preset_configs(preset, {}, [0]):
+        assert cfg.scenario == "dynamic" and cfg.level_widths == [1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0], label
+        method = build_method(cfg, (1, 28, 28), 10)
+        widest = max(t.shape[0] for n, t in method.init_state(0).params.items() if t.dim() > 1 and "exits" not in n)
+        assert cfg.rounds >= widest, (label, cfg.rounds, widest)

@@ -200,3 +200,66 @@ def test_a_step_stacks_only_the_clients_that_drew_the_same_width():
     buckets = BatchedExecutor(clients).buckets(jobs, schedules)
     assert [(b.step, b.variant, b.members.tolist(), b.indices.tolist()) for b in buckets] == [
         (0, 0, [0], [[0, 1]]), (0, 1, [1], [[5, 4]]), (1, 1, [0, 1], [[2, 3], [7, 6]])]
+
+
+def test_nested_aggregation_across_tiers_is_sample_weighted_by_hand():
+    """Tiers 1/4 (value 1, 10 samples), 1/2 (value 2, 30 samples), 1 (value 4, 60 samples): an element in the 1/4
+    corner is (10 + 60 + 240) / 100 = 3.1, one in the 1/2 corner but not the 1/4 one (60 + 240) / 90 = 10/3, one held
+    by the full width only 4; the classifier's class rows are never sliced, so its 1/4 columns are 3.1 in every row."""
+    from hetfl.aggregation import ServerState
+    from hetfl.updates import Update
+
+    method, g = make()
+    updates = []
+    for client, (width, value, samples) in enumerate(((0.25, 1.0, 10), (0.5, 2.0, 30), (1.0, 4.0, 60))):
+        spec = method.width_spec(width)
+        local = {n: torch.full(s, value) for n, s in method.models.shapes(spec).items()}
+        updates.append(Update(client, spec, local, samples))
+    new = method.aggregate(ServerState(g), updates).params
+    conv = new["blocks.1.0.weight"]  # 8 x 4 global: 2 x 1 at 1/4, 4 x 2 at 1/2
+    for (o, i), want in {(0, 0): 3.1, (1, 0): 3.1, (3, 1): 10 / 3, (2, 0): 10 / 3, (5, 0): 4.0, (0, 3): 4.0}.items():
+        assert torch.allclose(conv[o, i], torch.full((3, 3), want)), (o, i)
+    head = new["exits.3.2.weight"]  # 10 classes x 32 global channels: 8 at 1/4, 16 at 1/2
+    assert torch.allclose(head[:, :8], torch.full((10, 8), 3.1))
+    assert torch.allclose(head[:, 8:16], torch.full((10, 8), 10 / 3))
+    assert torch.allclose(head[:, 16:], torch.full((10, 16), 4.0))
+    assert torch.allclose(new["exits.3.2.bias"], torch.full((10,), 3.1))
+
+
+def test_a_narrow_step_with_momentum_and_weight_decay_moves_the_outer_units_as_the_authors_sgd_does():
+    """A full-width step, then a width-1/4 step, momentum 0.9 and weight decay 5e-4. Outside the 1/4 corner the second
+    step's gradient is 0, yet those units move: buf2 = 0.9 buf1 + wd p1, p2 = p1 - lr buf2 (the first step's buffer
+    is its gradient plus wd p0). That is ``torch.optim.SGD`` over the whole model (the authors' ``train``, Flower's
+    baselines/fjord), run here on the same two losses: every tensor agrees."""
+    method, g = make()
+    spec = method.width_spec(1.0)
+    module = method.models.loaded(spec, extract(g, method.models.shapes(spec)))
+    p0 = {n: p.detach().clone() for n, p in module.named_parameters()}
+    opts, lr = TrainOptions(momentum=0.9, weight_decay=5e-4), 0.1
+    recipe = method.recipe(spec, 1)
+    steps = [client_step(module, objective_for(recipe, method.models, v), opts, lr) for v in range(4)]
+    (x1, y1), (x2, y2) = batch(seed=1), batch(seed=2)
+    p1, buf1, carry, _ = steps[3](p0, None, None, x1, y1, None, None)  # variant 3: the client's own (full) width
+    p2, _, _, _ = steps[0](p1, buf1, carry, x2, y2, None, None)  # variant 0: width 1/4
+
+    reference = {n: t.clone().requires_grad_() for n, t in p0.items()}
+    sgd = torch.optim.SGD(list(reference.values()), lr=lr, momentum=0.9, weight_decay=5e-4)
+    small = method.models.module(method.width_spec(0.25)).train()
+    small_shapes = method.models.shapes(method.width_spec(0.25))
+    for x, y, narrow in ((x1, y1, False), (x2, y2, True)):
+        sgd.zero_grad()
+        if narrow:
+            logits = functional_call(small, {n: reference[n][corner(s)] for n, s in small_shapes.items()}, (x,))
+        else:
+            logits = functional_call(module, reference, (x,))
+        F.cross_entropy(logits[-1], y).backward()
+        sgd.step()
+    moved = 0
+    for name, before in p1.items():
+        assert torch.allclose(p2[name], reference[name].detach(), atol=1e-6), name
+        outside = torch.ones_like(before, dtype=torch.bool)
+        outside[corner(small_shapes[name])] = False
+        by_hand = before - lr * (0.9 * buf1[name] + 5e-4 * before)
+        assert torch.allclose(p2[name][outside], by_hand[outside], atol=1e-7), name
+        moved += int((p2[name][outside] != before[outside]).sum())
+    assert moved > 0  # the units beyond the drawn width moved without a gradient of their own

@@ -1,4 +1,4 @@
-"""hetfl on Flower (issue 12): a real SuperLink and real SuperNodes on loopback, each guarantee a test.
+"""hetfl on Flower: a real SuperLink and real SuperNodes on loopback, each guarantee a test.
 
 1. the same final weights as the simulator (FedAvg, DepthFL with FedDyn state on the nodes' disks,
    HeteroFL with different sub-models per node, only the local tensors on the wire);
@@ -8,7 +8,7 @@
 4. the SuperLink and ServerApp killed with SIGKILL after a round: ``hetfl deploy --resume`` ends with
    the weights of an uninterrupted run (and a Ctrl-C on the way stops every process);
 5. bad replies (here a node that sends NaNs) are rejected with the client's id, never aggregated;
-6. (issue 33) every node trains on its warm worker, so 1 holds with workers; a worker killed mid-round
+6. every node trains on its warm worker, so 1 holds with workers; a worker killed mid-round
    loses its client for that round only (the weights of a simulator run where it dropped out), and
    Flower's floor app sends and returns messages of the sizes it is given.
 

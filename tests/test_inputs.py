@@ -1,4 +1,4 @@
-"""Bad input that used to slip through or crash (issue 9, items 8-10): one line, exit code 2, nothing written."""
+"""Bad input that used to slip through or crash: one line, exit code 2, nothing written."""
 
 from __future__ import annotations
 

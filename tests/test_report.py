@@ -347,7 +347,7 @@ def test_the_report_says_which_devices_its_runs_computed_on():
     assert devices_note({"A": [on(None), on("cpu")]}) == ""  # a summary without the field is a CPU run's
     note = devices_note({"A": [on("cuda"), on("cuda:0")], "B": [on(None)]})
     assert note.startswith("Runs computed on cpu (1), cuda (2): ")
-    resumed = {**on("cpu"), "wall_seconds": 60.0, "segments": [  # begun on a lease, finished here
+    resumed = {**on("cpu"), "wall_seconds": 60.0, "segments": [  # begun on a GPU, finished here
         {"from_round": 1, "device": "cuda:0", "elapsed_before": 0.0}, {"from_round": 11, "device": "cpu",
                                                                         "elapsed_before": 20.0}]}
     note = devices_note({"A": [on("cuda"), resumed], "B": [on(None)]})

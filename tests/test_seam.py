@@ -1,4 +1,4 @@
-"""The server/client seam (issue 8): physical budgets per client, the family registry, explicit losses."""
+"""The server/client seam: physical budgets per client, the family registry, explicit losses."""
 
 import dataclasses
 

@@ -132,7 +132,7 @@ def test_lora_is_peft_s_lora_bit_for_bit():
 
 
 def test_the_text_backbone_needs_neither_transformers_nor_peft(tiny_bert, monkeypatch):
-    """What a lent accelerator's bare image has (torch alone) builds and runs a LoRA MiniLM."""
+    """What a bare GPU image has (torch alone) builds and runs a LoRA MiniLM."""
     from hetfl.models.minilm import load_pretrained
 
     load_pretrained.cache_clear()

@@ -1,5 +1,5 @@
-"""Client updates are checked before aggregation (issue 9, item 11; issue 12, guarantee 5): a bad one is dropped,
-counted, recorded with its reason and warned about; the simulator injects such faults on purpose."""
+"""Client updates are checked before aggregation (on Flower too: tests/test_flower.py, guarantee 5): a bad one is
+dropped, counted, recorded with its reason and warned about; the simulator injects such faults on purpose."""
 
 from __future__ import annotations
 

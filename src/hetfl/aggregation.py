@@ -25,8 +25,11 @@ class MaskedMean:
         self.weights: State = {}
         self.num_updates = 0
 
-    def add(self, local_state: State, weight: float, spec: SubModel = ROOT) -> None:
-        """Fold one client's tensors (local shape) with ``weight`` into the sums of their global names."""
+    def add(self, local_state: State, weight: float, spec: SubModel = ROOT,
+            rows: dict[str, torch.Tensor] | None = None) -> None:
+        """Fold one client's tensors (local shape) with ``weight`` into the sums of their global names; ``rows``: for
+        some local names, a boolean vector over the tensor's first dimension, the only rows of it that count (label
+        masking's classifier rows, ``methods.options.LabelMask``); the others count whole."""
         for name, tensor in local_state.items():
             key = spec.global_name(name)
             ref = self._ref[key]
@@ -34,8 +37,14 @@ class MaskedMean:
                 self.sums[key] = torch.zeros_like(ref)
                 self.weights[key] = torch.zeros_like(ref)
             idx = window(ref.shape, tensor.shape, spec.offset, ref.device)
-            add_at(self.sums[key], idx, tensor, alpha=weight)
-            add_at(self.weights[key], idx, weight)
+            held = None if rows is None else rows.get(name)
+            if held is None:
+                add_at(self.sums[key], idx, tensor, alpha=weight)
+                add_at(self.weights[key], idx, weight)
+            else:
+                held = held.to(tensor.device, tensor.dtype).view(-1, *[1] * (tensor.dim() - 1)).expand_as(tensor)
+                add_at(self.sums[key], idx, tensor * held, alpha=weight)
+                add_at(self.weights[key], idx, held, alpha=weight)
         self.num_updates += 1
 
     def mean(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

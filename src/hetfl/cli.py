@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 from .config import Config
-from .errors import HetflError
+from .errors import HetflError, release_warnings, set_up_warnings_held
 from .methods import METHODS, config_from, load_config, option_owners
 from .options import default_of, option_fields
+from .rundir import check_output_folder
 
 
 class Parser(argparse.ArgumentParser):
@@ -123,11 +124,15 @@ def check_bench_args(args) -> list[int] | None:
                              ("workers", args.workers, 1)):
         if value is not None and value < low:
             raise HetflError(f"{command}: --{flag} must be an integer >= {low}, got {value}")
-    if args.device is not None and not getattr(args, "plan", False):  # a lease's plan is made here
+    if args.device is not None and not getattr(args, "plan", False):  # a plan for another machine is made here
         from .sim import resolve_device
 
         resolve_device(args.device)
-    return parse_seeds(args.seeds, command)
+    seeds = parse_seeds(args.seeds, command)
+    for flag in ("out", "runs_dir"):  # before any training: a bench writes its table after hours of it
+        if getattr(args, flag, None) is not None:
+            check_output_folder(getattr(args, flag), f"{command}: --{flag.replace('_', '-')}")
+    return seeds
 
 
 def cmd_run(args) -> int:
@@ -188,6 +193,7 @@ def cmd_deploy(args) -> int:
     extra = parse_node_configs(args.node_config or [], cfg.num_clients)
     if run_dir is None:
         run_dir = Simulation(cfg).create_run_dir()  # every set-up error is raised before anything is created
+    release_warnings()  # set up: the federation's own warnings are printed as they come
     summary = deploy(run_dir, cfg.num_clients, cfg.data_dir, tls=args.tls, node_auth=args.node_auth, extra=extra,
                      verbose=args.verbose)
     print(run_table(summary))
@@ -484,7 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--time-budget", type=float, metavar="SECONDS", help="suite: the seconds to spend; it starts "
                        "no run whose estimate does not fit and stops its workers before the end (required)")
     bench.add_argument("--plan", action="store_true", help="suite: train nothing; say which runs would start, "
-                       "finish or be cut short within --time-budget if every estimate held (a lease's plan, made here)")
+                       "finish or be cut short within --time-budget if every estimate held (a time-limited job's plan, made "
+                       "on any machine before it)")
     bench.add_argument("--order", help="suite: which runs the workers take first: 'shortest' (by estimate, the "
                        "unknown last: the most runs finished within the budget; default) or 'given' (the presets' "
                        "order, a table finished before the next)")
@@ -519,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (2 for user errors)."""
     try:
         args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
-        return args.fn(args)
+        with set_up_warnings_held():
+            return args.fn(args)
     except HetflError as e:
         print(f"hetfl: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -15,11 +15,13 @@ import json
 import math
 import tomllib
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from .aggregation import SERVER_OPTIMIZERS
 from .data.partition import SCHEMES
+from .data.text import is_text
 from .devices import BUDGET_UNITS, SCENARIOS
 from .errors import HetflError, read_text_file
 from .evaluate import INFERENCES
@@ -212,6 +214,14 @@ class Config:
         check_ranges(self)
         return self
 
+    def run_folder_name(self, when: datetime | None = None) -> str:
+        """The run folder's name: ``name``, else METHOD-DATASET-sSEED-TIMESTAMP (``when``; None: a stand-in of the
+        same length, for checks made before the run starts)."""
+        if self.name:
+            return self.name
+        stamp = (when or datetime(2000, 1, 1)).strftime("%Y%m%d-%H%M%S-%f")
+        return f"{self.method}-{self.dataset.replace(':', '_').replace('/', '_')}-s{self.seed}-{stamp}"
+
     def validate(self) -> Config:
         """Self, after checking every field and how they combine for a run; raises HetflError naming the first bad
         one."""
@@ -219,7 +229,9 @@ class Config:
         if self.cache_frozen_features and self.finetune != "frozen":
             raise HetflError(f"cache_frozen_features needs finetune = frozen (layers that train change the summaries "
                              f"it would keep), got finetune = {self.finetune}; drop it")
-        check_location(self.out, self.name)  # before anything is loaded or created
+        check_location(self.out, self.run_folder_name())  # before anything is loaded or created
+        if is_text(self.dataset) and (self.crop_padding or self.flip):  # known from the name: before any file is read
+            raise HetflError(f"crop_padding and flip augment images; {self.dataset} is text: drop them")
         if self.proportions and len(self.proportions) != self.levels:
             raise HetflError(f"proportions has {len(self.proportions)} entries but levels is {self.levels}; "
                              "give one share per level")

@@ -8,6 +8,7 @@ API deprecations, and hetfl deprecates none): silence them with
 
 import logging
 import sys
+from contextlib import contextmanager
 
 LOGGER = "hetfl"  # the one logger of hetfl's warnings
 
@@ -19,6 +20,42 @@ class HetflError(Exception):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))  # always one line
+
+
+_held: list[logging.LogRecord] | None = None  # a command's set-up warnings, while it may still be refused
+
+
+@contextmanager
+def set_up_warnings_held():
+    """Holds hetfl's warnings while a command is set up. Refused there (HetflError), the command prints its one
+    error line alone; otherwise its warnings are printed when its work starts (``release_warnings``) or at its end.
+    (A dataset whose test classes lack training samples, refused for having fewer samples than clients, is one
+    line, not a warning and an error.)"""
+    global _held
+    _held = []
+    try:
+        yield
+    except HetflError:
+        _held = None
+        raise
+    finally:
+        release_warnings()
+
+
+def release_warnings() -> None:
+    """Returns None; prints the warnings held since ``set_up_warnings_held`` began, and stops holding them."""
+    global _held
+    held, _held = _held, None
+    for record in held or ():
+        logging.getLogger(LOGGER).handle(record)
+
+
+def _hold(record: logging.LogRecord) -> bool:
+    """The logger's filter: False (held, not printed now) while a command is being set up."""
+    if _held is None:
+        return True
+    _held.append(record)
+    return False
 
 
 def warn(message: str) -> None:
@@ -59,6 +96,7 @@ def _install() -> logging.Logger:
         handler.hetfl_stderr = True
         handler.setFormatter(_OneLine())
         log.addHandler(handler)
+        log.addFilter(_hold)
         log.propagate = False  # the root logger's handlers would print each warning a second time
         if log.level == logging.NOTSET:  # shown whatever the root's level, unless the user set hetfl's
             log.setLevel(logging.WARNING)
@@ -66,6 +104,18 @@ def _install() -> logging.Logger:
 
 
 _install()  # at import, under the import lock: once per process
+
+
+def spans(indices, limit: int | None = None) -> str:
+    """Increasing integers ``indices`` as compact ranges, "3, 10..199" (the first ``limit`` ranges, then "...")."""
+    ranges: list[list[int]] = []
+    for i in indices:
+        if ranges and ranges[-1][1] == i - 1:
+            ranges[-1][1] = i
+        else:
+            ranges.append([i, i])
+    text = [f"{a}..{b}" if b > a else str(a) for a, b in ranges[:limit]]
+    return ", ".join(text + (["..."] if limit is not None and len(ranges) > limit else []))
 
 
 def read_text_file(path, what: str) -> str:

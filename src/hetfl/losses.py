@@ -11,6 +11,23 @@ def exits_ce(logits: list[torch.Tensor], target: torch.Tensor) -> torch.Tensor:
     return sum(F.cross_entropy(z, target) for z in logits)
 
 
+def label_masked(logits: list[torch.Tensor], present: torch.Tensor | None) -> list[torch.Tensor]:
+    """The exits' logits with those of the classes not in ``present`` (a boolean vector over the classes, the ones the
+    client holds samples of; None: no mask) set to 0, as HeteroFL's and FedRolex's code masks them in training
+    (``methods.options.LabelMask``): a masked class still counts in the softmax's normaliser, at logit 0, but passes
+    no gradient to its classifier row."""
+    if present is None:
+        return logits
+    return [z.masked_fill(~present, 0.0) for z in logits]
+
+
+def client_classes(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """The boolean vector over ``num_classes`` classes that is True at every class among ``labels``."""
+    present = torch.zeros(num_classes, dtype=torch.bool, device=labels.device)
+    present[labels] = True
+    return present
+
+
 def ensemble_logits(logits: list[torch.Tensor]) -> torch.Tensor:
     """The ensemble's logits: the mean of the exits' logits (DepthFL Sec. 4)."""
     return torch.stack(logits).mean(0)
@@ -40,7 +57,7 @@ def weighted_exits_with_last_teacher(logits: list[torch.Tensor], target: torch.T
     tau (its own KL term is zero). The paper writes the normaliser as 1/(l(l+1)), half of
     1/sum_i i; hetfl divides by sum_i i = n(n+1)/2 as the authors' code does, so a single-exit
     model's loss is its plain CE (the choice only rescales the learning rate by 2). The authors'
-    code does not detach the teacher (REFERENCE-NOTES, a bug not copied). ``normaliser = "last"``
+    code does not detach the teacher (a bug not copied). ``normaliser = "last"``
     divides by the last exit's weight n instead, so the last exit's CE has weight 1 as in a
     single-exit model: a control for how much Eq. (5)'s normaliser shrinks the step of the main path.
     """

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 import textwrap
 from pathlib import Path
@@ -16,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .errors import HetflError  # noqa: E402
-from .rundir import write_then_rename  # noqa: E402
+from .rundir import check_writable_folder, write_then_rename  # noqa: E402
 
 MAX_CURVES_PER_PANEL = 8  # beyond this, one panel's colours repeat and its legend hides the curves
 
@@ -82,8 +81,7 @@ def image_path(path: str | Path, flag: str) -> Path:
     parent = path.parent
     if not parent.is_dir():
         raise HetflError(f"{flag} {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise HetflError(f"{flag} {path}: folder {parent} is not writable")
+    check_writable_folder(parent, f"{flag} {path}")
     return path
 
 

@@ -137,7 +137,7 @@ def late_gain(curve: list, rounds: int) -> float | None:
 
 def row_late_gains(results: dict[str, list[dict]]) -> dict[str, float]:
     """Each row's last-third gain, the mean over the seeds that have one (rows without a curve left out): the
-    plateau criterion of a table (issue 36: a row has plateaued when this is under ``PLATEAU_GAIN``)."""
+    plateau criterion of a table: a row has plateaued when this is under ``PLATEAU_GAIN``."""
     gains = {label: [g for g in metric_values(runs, "late_gain") if g is not None] for label, runs in results.items()}
     return {label: statistics.fmean(g) for label, g in gains.items() if g}
 

@@ -161,18 +161,71 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 # ---- names and folders --------------------------------------------------------------------
+NAME_MAX = 255  # a file name's bytes on Linux, macOS and Windows file systems; os.pathconf says where it can
+PATH_MAX = 4096
+INNER_PATH = 64  # the longest path a run folder holds below itself (a checkpoint's temporary files), with margin
+_CREATING = len(".") + len(".xxxxxxxx.creating")  # create_run_dir's temporary name around the folder's name
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path``, or the nearest of its parents that exists (a name too long for the file system does not)."""
+    def exists(folder: Path) -> bool:
+        try:
+            return folder.exists()
+        except OSError:  # ENAMETOOLONG, which pathlib raises instead of answering False
+            return False
+
+    return next(folder for folder in (path, *path.parents) if exists(folder))
+
+
 def check_location(out: str, name: str) -> None:
-    """Returns None; raises HetflError unless ``name`` is one path component and ``out`` can hold folders."""
+    """Returns None; raises HetflError unless ``name`` (the run folder's name: given, or what one would be generated
+    as) is one path component that fits the file system, and ``out`` can hold folders of that name."""
     if name and (name in (".", "..") or "/" in name or "\0" in name or (os.altsep and os.altsep in name)):
         raise HetflError(f"name {name!r} must be a single folder name (no '/', not '.' or '..'); "
                          "use --out to choose where run folders go")
     if not out:
         raise HetflError("out must name a folder, got an empty string")
-    for folder in (Path(out), *Path(out).parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise HetflError(f"out {out!r} cannot hold run folders: {folder} is a file, not a folder")
-            break
+    existing = nearest_existing(Path(out).absolute())
+    if not existing.is_dir():
+        raise HetflError(f"out {out!r} cannot hold run folders: {existing} is a file, not a folder")
+    try:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = NAME_MAX
+    too_long = [part for part in Path(out).parts if len(os.fsencode(part)) > name_max]
+    if too_long:
+        raise HetflError(f"out {out!r}: folder name {too_long[0][:40]}... is longer than the file system's "
+                         f"{name_max} bytes")
+    if len(os.fsencode(name)) + _CREATING > name_max:
+        raise HetflError(f"name {name[:40]}... is {len(os.fsencode(name))} bytes; a run folder's name must be at most "
+                         f"{name_max - _CREATING} (the file system's limit, {name_max}, less a temporary suffix); "
+                         "choose a shorter --name")
+    length = len(os.fsencode(str(Path(out).absolute() / name))) + INNER_PATH
+    if length > PATH_MAX:
+        raise HetflError(f"out {out!r} with name {name[:40]}... makes paths of {length} bytes, over the {PATH_MAX} "
+                         "a path may have; choose a shorter --out or --name")
+
+
+def check_writable_folder(folder: Path, what: str) -> None:
+    """Returns None; raises HetflError naming ``what`` unless a file can be created in ``folder``. Tried by creating
+    and removing one: ``os.access`` says yes to root where a write still fails (/proc, a read-only mount)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hetfl-write-check-", dir=folder)
+    except OSError as e:
+        raise HetflError(f"{what}: cannot write in folder {folder} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_output_folder(path: str | Path, what: str) -> None:
+    """Returns None; raises HetflError naming ``what`` unless ``path`` is a folder hetfl can write in or can be
+    created as one (its nearest existing parent is a writable folder). Check it before the work that fills it."""
+    path = Path(path)
+    existing = nearest_existing(path.absolute())
+    if not existing.is_dir():
+        raise HetflError(f"{what} {path} cannot be a folder: {existing} is a file")
+    check_writable_folder(existing, f"{what} {path}")
 
 
 def create_run_dir(run_dir: Path, files: dict[str, str]) -> Path:
@@ -184,11 +237,13 @@ def create_run_dir(run_dir: Path, files: dict[str, str]) -> Path:
     run_dir = Path(run_dir)
     if run_dir.exists():
         raise HetflError(f"run folder {run_dir} already exists; choose another --name or --resume it")
+    first_new = nearest_existing(run_dir.parent.absolute())
     try:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         _remove_abandoned_creations(run_dir.parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.", suffix=".creating", dir=run_dir.parent))
     except OSError as e:
+        _remove_empty_folders(run_dir.parent.absolute(), first_new)  # a refused run leaves no empty runs/ behind
         raise HetflError(f"cannot create run folder {run_dir}: {e.strerror}") from None
     fd = _lock_file(tmp)  # the lock follows the file through the rename
     for name, text in files.items():
@@ -202,6 +257,16 @@ def create_run_dir(run_dir: Path, files: dict[str, str]) -> Path:
         raise HetflError(f"run folder {run_dir} already exists; choose another --name or --resume it") from None
     _HELD[_key(run_dir)] = fd
     return run_dir
+
+
+def _remove_empty_folders(folder: Path, keep: Path) -> None:
+    """Returns None; removes ``folder`` and its parents up to ``keep`` (excluded) while they are empty."""
+    while folder != keep and keep in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
 
 
 STALE_SECONDS = 60  # a folder being created lives for milliseconds; one this old whose lock is free was abandoned

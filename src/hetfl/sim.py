@@ -32,7 +32,7 @@ from .data import load_dataset, split_train_test
 from .data.partition import partition_among
 from .data.server import server_data
 from .devices import Budget, Scenario
-from .errors import HetflError, warn
+from .errors import HetflError, release_warnings, spans, warn
 from .evaluate import exit_logits, exit_numbers, exit_scores, static_batchnorm, truncations
 from .executors import Executor, Job, LocalClients
 from .executors.batched import BatchedExecutor
@@ -144,13 +144,10 @@ class Simulation:
 
     def _check_model_takes_data(self) -> None:
         """Returns None; raises HetflError where the data and the model cannot train together, before the run
-        folder exists: augmentation the inputs do not have, a batch of one sample under BatchNorm, inputs the
-        backbone cannot read (too small for its pooling)."""
+        folder exists: crops larger than the images, a batch of one sample under BatchNorm, inputs the backbone
+        cannot read (too small for its pooling). Augmenting text is refused by ``Config.validate``."""
         cfg, x = self.cfg, self.x_train
-        if self.method.family.example_input is token_input:
-            if cfg.crop_padding or cfg.flip:
-                raise HetflError(f"crop_padding and flip augment images; {cfg.dataset} is text: drop them")
-        elif cfg.crop_padding > min(x.shape[2:]):
+        if self.method.family.example_input is not token_input and cfg.crop_padding > min(x.shape[2:]):
             raise HetflError(f"crop_padding {cfg.crop_padding} is beyond the {tuple(x.shape[2:])} images of "
                              f"{cfg.dataset}; use at most {min(x.shape[2:])}")
         spec = SubModel(depth=self.method.family.arch.num_blocks)
@@ -188,9 +185,8 @@ class Simulation:
     def create_run_dir(self) -> Path:
         """A new run folder holding the resolved config, created whole and locked by this process."""
         cfg = self.cfg
-        name = cfg.name or f"{cfg.method}-{cfg.dataset.replace(':', '_').replace('/', '_')}-s{cfg.seed}-" \
-                            f"{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
-        self.run_dir = create_run_dir(Path(cfg.out) / name, {"config.json": json.dumps(cfg.to_dict(), indent=2) + "\n"})
+        self.run_dir = create_run_dir(Path(cfg.out) / cfg.run_folder_name(datetime.now()),
+                                      {"config.json": json.dumps(cfg.to_dict(), indent=2) + "\n"})
         return self.run_dir
 
     @classmethod
@@ -230,9 +226,13 @@ class Simulation:
             sim.segments = list(payload.get("segments", []))  # older checkpoints have none
             sim.client_store.restore(payload["client_state_dir"])
             sim.executor.restore(payload)
-        if partial:
-            warn_partial_line(run_dir / "metrics.jsonl", f"resuming after round {sim.start_round}")
         sim.history = [r for r in history if r["round"] <= sim.start_round]
+        if lost := sim.metrics_lost_rounds():
+            warn(f"{run_dir / 'metrics.jsonl'} lacks the records of rounds {spans(lost)} (the file was truncated or "
+                 f"deleted); the run goes on after round {sim.start_round} from its checkpoint, and summary.json "
+                 "lists those rounds as metrics_lost_rounds")
+        elif partial:
+            warn_partial_line(run_dir / "metrics.jsonl", f"resuming after round {sim.start_round}")
         if partial or len(sim.history) < len(history):  # a finished run's folder stays untouched
             write_jsonl(run_dir / "metrics.jsonl", sim.history)
         return sim
@@ -364,6 +364,7 @@ class Simulation:
         cfg = self.cfg
         if self.run_dir is None:
             self.create_run_dir()
+        release_warnings()  # set up: what it warned of is printed now, and what comes is printed as it comes
         if self.start_round >= cfg.rounds and self.final_files_ok():
             unlock_run_dir(self.run_dir)
             return self.summary()
@@ -455,7 +456,14 @@ class Simulation:
             "wall_seconds": self.elapsed, "device": self.cfg.device, "segments": self.segments,
             "executor": self.executor.name,
             "run_dir": str(self.run_dir),
+            **({"metrics_lost_rounds": lost} if (lost := self.metrics_lost_rounds()) else {}),
         }
+
+    def metrics_lost_rounds(self) -> list[int]:
+        """The rounds run so far whose records metrics.jsonl lost (damaged between a checkpoint and a resume):
+        their weights are in the checkpoint, their metrics are gone."""
+        logged = {r["round"] for r in self.history}
+        return [t for t in range(1, max(self.start_round, *logged, 0) + 1) if t not in logged]
 
 
 def _trains_on_one_sample(model: torch.nn.Module, x: torch.Tensor) -> bool:

@@ -18,7 +18,7 @@ searched in order and each adds its exit to M after block floor(s_d N) (Alg. 1 l
 
 Cost is parameters (as the paper's Table 1, whose r_l are parameter ratios) or MACs per sample,
 measured by ``costs.component_costs``. Widths are searched on the grid 0.01..1.00; s_d = d / N.
-The authors' code hard-codes the splits instead (REFERENCE-NOTES): hetfl searches.
+The authors' code hard-codes the splits instead; hetfl searches.
 """
 
 from __future__ import annotations

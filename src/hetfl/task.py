@@ -47,6 +47,7 @@ class TrainOptions:
     flip: bool = False
     prox_mu: float = 0.0
     feddyn_alpha: float = 0.0
+    label_mask: bool = False  # mask the logits of the classes the client holds no sample of (losses.label_masked)
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,15 @@ from .task import Task
 
 @dataclass
 class Update:
-    """What a client sends back: tensors in local shape, its spec, its sample count and metrics."""
+    """What a client sends back: tensors in local shape, its spec, its sample count and metrics; with label masking,
+    the classes it holds samples of (``methods.options.LabelMask``), else None."""
 
     client: int
     spec: SubModel
     state: State
     num_samples: int
     metrics: dict = field(default_factory=dict)
+    classes: tuple[int, ...] | None = None
 
 
 _warned: set[tuple[str, int]] = set()  # (run folder, client) already warned about
@@ -41,6 +43,8 @@ def check_update(update: Update, task: Task, sent: State) -> str | None:
         return f"sub-model {update.spec} was not assigned (the task's is {task.spec})"
     if isinstance(update.num_samples, bool) or not isinstance(update.num_samples, int) or update.num_samples <= 0:
         return f"sample count {update.num_samples!r} is not an integer > 0"
+    if (problem := _classes_problem(update.classes, task)) is not None:
+        return problem
     for name, tensor in update.state.items():
         if name not in sent:
             return f"tensor '{name}' was not sent to the client"
@@ -54,6 +58,18 @@ def check_update(update: Update, task: Task, sent: State) -> str | None:
     if floats and not bool(torch.stack([torch.isfinite(t).all() for t in floats.values()]).all()):  # one sync
         name = next(n for n, t in floats.items() if not bool(torch.isfinite(t).all()))
         return f"tensor '{name}' holds non-finite values (NaN or inf)"
+    return None
+
+
+def _classes_problem(classes, task: Task) -> str | None:
+    """Why the classes an update says its client holds cannot be used (they must be sent exactly when the task masks
+    labels: distinct class indices, at least one), or None."""
+    if not task.train.label_mask:
+        return None if classes is None else "it names its classes, but the task masks no labels"
+    num_classes = task.family.num_classes
+    if not isinstance(classes, tuple) or not classes or len(set(classes)) != len(classes) or not all(
+            type(c) is int and 0 <= c < num_classes for c in classes):
+        return f"its classes {classes!r} are not distinct class indices in [0, {num_classes})"
     return None
 
 

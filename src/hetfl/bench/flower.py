@@ -1,12 +1,12 @@
 """``hetfl bench flower``: the same FedAvg workload in the simulator, as Flower's floor, and as hetfl on Flower.
 
-Workload (issue 12): FedAvg on the CNN with Fashion-MNIST, 10 clients per round, each holding 600
+Workload: FedAvg on the CNN with Fashion-MNIST, 10 clients per round, each holding 600
 training samples as in the default experiment (100 clients, 10 per round), 1 local epoch, a few
 rounds, evaluated after the last one. On Flower every client is a SuperNode (as ``hetfl deploy``
 starts them), so the bench runs 10 clients, all in every round, on the first 6000 training samples
 (written as an .npz that the simulator and every node read).
 
-Four columns (issue 33), each the median time of a round that neither starts its run nor evaluates:
+Four columns, each the median time of a round that neither starts its run nor evaluates:
 
 * the simulator;
 * Flower's floor (``flower.floor``): a numpy-only ClientApp on the same SuperLink and SuperNodes,
@@ -40,7 +40,7 @@ from ..rundir import unlock_run_dir
 from ..sim import Simulation
 
 SAMPLES_PER_CLIENT = 600  # the default experiment's: 60000 Fashion-MNIST samples over 100 clients
-GOAL_PER_MESSAGE_S = 0.5  # hetfl's overhead per message with warm workers (issue 33)
+GOAL_PER_MESSAGE_S = 0.5  # the goal for hetfl's overhead per message with warm workers
 
 
 def bench_config(folder: Path, nodes: int, rounds: int):

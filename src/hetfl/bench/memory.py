@@ -1,6 +1,6 @@
 """``hetfl bench memory``: per-client FedDyn state lives on disk, so server RAM does not grow with clients.
 
-Workload (DepthFL issue): 1000 clients, DepthFL with FedDyn (each client keeps grad L_k in the
+Workload: 1000 clients, DepthFL with FedDyn (each client keeps grad L_k in the
 global model's shape, DepthFL Eq. (2)-(3)), a ResNet-18 by default, little data per client
 (Fashion-MNIST over 1000 clients: 60 samples each; digits would leave clients a single sample,
 whose batch statistics BatchNorm cannot take), 1% of the clients per round, until at least 50

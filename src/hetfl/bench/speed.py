@@ -1,6 +1,6 @@
 """``hetfl bench speed``: the simulator's time against a bare PyTorch loop doing the same SGD steps.
 
-Workload (issue 2): FedAvg on Fashion-MNIST, the CNN, 100 clients, 10 per round, 1 local epoch.
+Workload: FedAvg on Fashion-MNIST, the CNN, 100 clients, 10 per round, 1 local epoch.
 The bare loop uses the same initial weights, the same sampled clients, the same batches (the same
 seeded permutations) and the same loss, then a sample-weighted average; both are timed over the
 same rounds, in alternating order, and the ratio of their medians is printed as the last line.

@@ -1,17 +1,17 @@
 """``hetfl bench suite PRESET [PRESET ...]``: spend a limited time on a device on the runs of several presets.
 
-A lent accelerator comes for a fixed time (say 15 minutes). The suite starts ``--workers`` processes
-that go through the runs of every named preset in order and claim each through the run's lock
-(``runner.run_lock``, the lock ``hetfl bench`` processes share), so no run is trained twice, by them or by
-any other bench process on the same runs folder. A run is trained, resumed from its checkpoint or
-reused exactly as ``hetfl bench`` would (``runner.run_one``), and its summary is added at once to the
-``finished-runs.json`` of every preset holding it, so a later call (or ``--reuse-saved`` on another
-machine) goes on from there.
+An accelerator is often there for a fixed time only (a cluster job's time limit, a spot instance, a GPU rented
+for 15 minutes). The suite starts ``--workers`` processes that go through the runs of every named preset in order and
+claim each through the run's lock (``runner.run_lock``, the lock ``hetfl bench`` processes share), so no run is
+trained twice, by them or by any other bench process on the same runs folder. A run is trained, resumed from its
+checkpoint or reused exactly as ``hetfl bench`` would (``runner.run_one``), and its summary is added at once to the
+``finished-runs.json`` of every preset holding it, so a later call (or ``--reuse-saved`` on another machine) goes
+on from there.
 
 **Which runs start.** A run starts only if ``ESTIMATE_MARGIN x its estimate + START_SECONDS`` fits in the
 time left before the stop (``estimate``: the seconds it still needs):
 
-1. a run that has logged ``OWN_PACE_ROUNDS`` rounds or more on this device type (a run a lease began and this
+1. a run that has logged ``OWN_PACE_ROUNDS`` rounds or more on this device type (a run a GPU began and this
    machine goes on with has logged rounds of both; its checkpoint's segments say which): their mean ``seconds``
    x the rounds after its last checkpoint;
 2. else the mean seconds per round of the other runs of the same preset and label (other seeds) on the same
@@ -35,8 +35,8 @@ finishes the most runs the budget holds (a longer run in its place can only fini
 presets' order, run by run, when a table must be finished before the next one starts.
 
 ``--plan`` trains nothing: it prints, for every run left, its estimate, which rule gave it, and what the
-workers would do with it within the budget if every estimate held (``plan``), on any machine: a lease's plan
-is made before the lease, from the summaries its earlier leases left.
+workers would do with it within the budget if every estimate held (``plan``), on any machine: a time-limited job's
+plan is made before the job, from the summaries its earlier jobs left.
 
 A run's first rounds say little of its pace (a moment of contention, round 1's first kernels): two rounds of
 a ReeFL run timed at 94 s each under contention once put its estimate at five times its siblings' pace, and it
@@ -55,7 +55,7 @@ taken from ``finished-runs.json``: nothing is trained after the budget); the oth
 
 **What counts as finished.** A run whose folder under the runs folder holds its summary; with ``--reuse-saved``
 also a run that a preset's results folder already holds (its ``summaries.json`` or ``finished-runs.json``, by
-run folder name, as ``hetfl bench PRESET --reuse-saved`` takes them). A lease on a fresh machine then trains
+run folder name, as ``hetfl bench PRESET --reuse-saved`` takes them). A job on a fresh machine then trains
 only the rows a committed table lacks (``--out docs/results --reuse-saved``), never its finished runs again.
 """
 
@@ -243,7 +243,7 @@ def round_work(cfg: Config) -> dict:
 
 def _progress(cfg: Config, device: str) -> tuple[int, list[float]]:
     """The round of the run's last checkpoint and the seconds of its logged rounds computed on ``device``'s type
-    (a run a lease began and this machine goes on with has logged rounds of both: its checkpoint's segments say
+    (a run a GPU began and this machine goes on with has logged rounds of both: its checkpoint's segments say
     which, older ones the device its config.json names)."""
     run_dir = Path(cfg.out) / cfg.name
     done, segments = checkpoint_of(run_dir)
@@ -253,7 +253,7 @@ def _progress(cfg: Config, device: str) -> tuple[int, list[float]]:
         began = [s for s in segments if s.get("from_round", 1) <= round_index]
         return device_type(began[-1].get("device", began_on) if began else began_on) == device
 
-    try:  # a lease's run goes on here: only the rounds timed on this device type count
+    try:  # a run begun on another device goes on here: only the rounds timed on this device type count
         logged = [r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl")[0] if r.get("seconds")
                   and here(r["round"])]
     except HetflError:  # a corrupt log: resume will say so
@@ -493,8 +493,8 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     (``reuse_saved``: the runs their results folders already hold count as finished); returns counts: finished
     (this call), left, estimated_seconds_left, unestimated (runs left without an estimate), tables (the tables
     written) and exit_code (1 if a worker failed). ``plan_only``: train nothing, print ``plan`` (on any machine: a
-    lease's plan is made before the lease) and return {"planned": its list, "exit_code": 0}. ``order``: which runs
-    the workers take first (``ORDERS``)."""
+    time-limited job's plan is made before the job) and return {"planned": its list, "exit_code": 0}. ``order``:
+    which runs the workers take first (``ORDERS``)."""
     started = time.monotonic()
     import torch  # noqa: F401  (now, inside the budget's clock: the estimates read checkpoints with it)
 

@@ -1,6 +1,6 @@
 """``hetfl bench throughput``: client updates per second of the sequential and the batched executor.
 
-Workloads (issue 35): FedAvg with the CNN at widths 0.25 and 1 on Fashion-MNIST, 10 and 100 clients
+Workloads: FedAvg with the CNN at widths 0.25 and 1 on Fashion-MNIST, 10 and 100 clients
 per round (1,000 clients of 60 samples: pfl-research's setting of many small clients), and MiniLM
 with LoRA on Reuters R8 (10 of 100 clients per round; skipped when the text extra is missing).
 Each executor runs one warm-up round (kernels, sub-model objects), then ``repeats`` timed rounds

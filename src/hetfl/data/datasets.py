@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import HetflError, warn
+from ..errors import HetflError, spans, warn
 from ..paths import cache_root
 from .idx import check_sha256, find_file, parse_idx, read_bytes
 from .text import TEXT_DATASETS, USER_PREFIX, is_text, load_text
@@ -142,6 +142,16 @@ class _ArraysOnly(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+def _integer_array(value) -> np.ndarray | None:
+    """``value`` (an unpickled array or list) as an integer array, or None when it is not one: no conversion is
+    forced, so words, floats, objects and ragged lists are refused instead of cast (or wrapped round) to uint8."""
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        return None
+    return array if array.dtype.kind in "iu" else None
+
+
 @dataclass(frozen=True)
 class _CifarFormat:
     """The CIFAR python release: pickled dicts with b'data' (N, 3072 uint8, R then G then B planes) and labels."""
@@ -179,14 +189,17 @@ class _CifarFormat:
         if missing:
             raise HetflError(f"CIFAR batch {path} lacks the keys {missing}; "
                              f"expected a dict with b'data' and {self.label_key!r}")
-        data = np.asarray(batch[b"data"], dtype=np.uint8)
-        if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-            raise HetflError(f"CIFAR batch {path}: b'data' must have shape (N, 3072), got {data.shape}")
-        labels = batch[self.label_key]
-        if not isinstance(labels, (list, np.ndarray)) or len(labels) != len(data) or \
-                not all(isinstance(v, (int, np.integer)) for v in labels):
-            raise HetflError(f"CIFAR batch {path}: {self.label_key!r} must be {len(data)} integer labels, one per image")
-        return data.reshape(-1, 3, 32, 32), np.asarray(labels, dtype=np.int64)
+        data = _integer_array(batch[b"data"])
+        if data is None or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or \
+                (data.size and not 0 <= data.min() <= data.max() <= 255):
+            shape = "no array" if data is None else f"shape {data.shape}, dtype {data.dtype}"
+            raise HetflError(f"CIFAR batch {path}: b'data' must be integers 0..255 of shape (N, 3072), got {shape}")
+        labels = _integer_array(batch[self.label_key])
+        if labels is None or labels.ndim != 1 or len(labels) != len(data) or \
+                (labels.size and not 0 <= labels.min() <= labels.max() <= MAX_CLASSES):
+            raise HetflError(f"CIFAR batch {path}: {self.label_key!r} must be {len(data)} class labels, one per image "
+                             f"(integers 0..{MAX_CLASSES})")
+        return data.astype(np.uint8).reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
 
 # ---------------------------------------------------------------- where datasets live
@@ -363,15 +376,8 @@ def _check_classes(name: str, y_train: torch.Tensor, y_test: torch.Tensor, num_c
 
 
 def _spans(mask: torch.Tensor) -> str:
-    """The indices where ``mask`` is true, as compact ranges: "3, 10..199"."""
-    spans: list[list[int]] = []
-    for i in mask.nonzero().flatten().tolist():
-        if spans and spans[-1][1] == i - 1:
-            spans[-1][1] = i
-        else:
-            spans.append([i, i])
-    text = [f"{a}..{b}" if b > a else str(a) for a, b in spans[:6]]
-    return ", ".join(text + (["..."] if len(spans) > 6 else []))
+    """The indices where ``mask`` is true, as compact ranges: "3, 10..199" (the first 6 ranges)."""
+    return spans(mask.nonzero().flatten().tolist(), limit=6)
 
 
 # ---------------------------------------------------------------- public entry point

@@ -128,6 +128,8 @@ class BatchedExecutor(Executor):
         starts = [trainer.start(module, job.local, job.task, own) for job, own in zip(jobs, owns)]
         sizes = [len(clients.parts[job.client]) for job in jobs]
         schedules = [trainer.schedule(job.task, n) for job, n in zip(jobs, sizes)]
+        presents = [trainer.present(job.task, clients.data(job.client)) for job in jobs]  # label masking, or Nones
+        present = torch.stack(presents) if presents[0] is not None else None
         params = stack([s.params for s in starts])
         anchor = stack([s.anchor for s in starts]) if starts[0].anchor is not None else None
         linear = stack([s.linear for s in starts]) if starts[0].linear is not None else None
@@ -145,7 +147,8 @@ class BatchedExecutor(Executor):
                 x = augment.apply(x.flatten(0, 1), bucket.draws).view(x.shape)
             inputs = (rows(params), rows(momenta) if bucket.step else None,
                       None if carry is None or not bucket.step else carry if whole else carry[bucket.members],
-                      x, clients.y[bucket.indices], rows(anchor), rows(linear))
+                      x, clients.y[bucket.indices], rows(anchor), rows(linear),
+                      None if present is None else present if whole else present[bucket.members])
             stepped = vmap(steps[bucket.variant], in_dims=tuple(None if v is None else 0 for v in inputs),
                            out_dims=out_dims)
             new_params, new_momenta, new_carry, loss = stepped(*inputs)
@@ -163,7 +166,8 @@ class BatchedExecutor(Executor):
         replies = []
         for g, (job, own, start) in enumerate(zip(jobs, owns, starts)):
             mine = {n: t[g] for n, t in params.items()}
-            update, own = trainer.finish(job.task, job.local, start, mine, losses[g], sizes[g], own, models)
+            update, own = trainer.finish(job.task, job.local, start, mine, losses[g], sizes[g], own, models,
+                                         presents[g])
             replies.append(Reply(update, keep=clients.keeper(job.client, own)))
         return replies
 

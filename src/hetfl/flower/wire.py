@@ -3,7 +3,7 @@
 Down, per node, a ``train`` message: the client's local tensors only (an ``ArrayRecord`` of the
 sub-model the server cut for it, never the global model), its ``Task`` as JSON, the partition it
 trains on and which of its own states to start from. Up: its update's tensors, its sample count
-and loss, and the client and sub-model it says it trained. ``read_reply`` turns whatever a node
+and loss, the client and sub-model it says it trained and, when its task masks labels, the classes it holds. ``read_reply`` turns whatever a node
 sent into an ``Update`` or says why it cannot; ``updates.check_update`` then checks its content.
 """
 
@@ -56,7 +56,8 @@ def reply_content(update: Update) -> RecordDict:
         "arrays": ArrayRecord(dict(update.state)),
         "metrics": MetricRecord({"num-examples": update.num_samples,
                                  "train-loss": float(update.metrics.get("train_loss", 0.0))}),
-        "config": ConfigRecord({"client": update.client, "spec": json.dumps(update.spec.to_dict())}),
+        "config": ConfigRecord({"client": update.client, "spec": json.dumps(update.spec.to_dict()),
+                                **({} if update.classes is None else {"classes": json.dumps(list(update.classes))})}),
     })
 
 
@@ -73,10 +74,12 @@ def read_reply(content: RecordDict) -> Update:
     try:
         spec = SubModel.from_dict(json.loads(str(config["spec"])))
         state = dict(content["arrays"].to_torch_state_dict())
+        classes = json.loads(str(config["classes"])) if "classes" in config else None
     except (ValueError, TypeError, KeyError) as e:
-        raise ValueError(f"the reply's sub-model or tensors cannot be read: {e}") from None
+        raise ValueError(f"the reply's sub-model, tensors or classes cannot be read: {e}") from None
     return Update(client=config["client"], spec=spec, state=state, num_samples=metrics["num-examples"],
-                  metrics={"train_loss": float(metrics["train-loss"])})
+                  metrics={"train_loss": float(metrics["train-loss"])},
+                  classes=tuple(classes) if isinstance(classes, list) else classes)  # check_update checks them
 
 
 def wire_bytes(content: RecordDict) -> int:

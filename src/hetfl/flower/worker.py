@@ -1,4 +1,4 @@
-"""A node's warm worker: one long-lived hetfl process that trains the node's ``train`` messages (issue 33).
+"""A node's warm worker: one long-lived hetfl process that trains the node's ``train`` messages.
 
 Flower 1.41 runs every message in a new ClientApp process (supercore/superexec/executor/
 subprocess_executor.py: one ``Popen`` per task), so a cold ClientApp imports torch, loads its data

@@ -49,26 +49,32 @@ def option_owners() -> dict[str, list[str]]:
     return owners
 
 
-def config_from(values: dict[str, Any], source: str = "config") -> Config:
+def config_from(values: dict[str, Any], source: str = "config", resolved: bool = False) -> Config:
     """The config of ``values`` (generic options and the named method's own): the values given, over the
     method's defaults, over the options' defaults (a text dataset's model: minilm); every value checked.
-    Another method's option is an error."""
+    Another method's option is an error. ``resolved``: ``values`` are a resolved config as a run folder records it
+    (config.json), where a method option added later and absent is at its field's default (``options.recorded``),
+    not at the method's: a run made before the option existed, or with it at that default, reads as it ran."""
     cls = method_class(str(values.get("method", Config.__dataclass_fields__["method"].default)))
     own = option_fields(cls.Options)
+    defaults = {k: v for k, v in cls.defaults.items()
+                if not (resolved and k in own and own[k].metadata.get("added_later"))}
     for key, methods in option_owners().items():
         if key in values and key not in own:
             raise HetflError(f"{source}: {key} is an option of {', '.join(methods)}; method '{cls.name}' does not "
                              f"use it; drop it")
     if "model" not in values and is_text(values.get("dataset")):  # text needs the pretrained encoder
         values = {**values, "model": "minilm"}
-    cfg = Config.from_dict({**cls.defaults, **values}, source, options=cls.Options)
+    cfg = Config.from_dict({**defaults, **values}, source, options=cls.Options)
     # the resolved config records them all (but options added later only when set)
     return cfg.replace(method_options=recorded(asdict(cls.options_of(cfg)), cls.Options))
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
-    """The config of a TOML file (or of the config.json a run folder holds) with ``overrides`` on top."""
-    return config_from({**Config.read(path), **(overrides or {})}, source=str(path))
+    """The config of a TOML file (or of the config.json a run folder holds: a resolved config) with ``overrides``
+    on top."""
+    return config_from({**Config.read(path), **(overrides or {})}, source=str(path),
+                       resolved=Path(path).suffix == ".json")
 
 
 def build_method(cfg, input_shape: tuple[int, ...], num_classes: int, device="cpu", who=None) -> Method:

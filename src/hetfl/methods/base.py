@@ -93,12 +93,18 @@ class Method:
 
     @classmethod
     def options_of(cls, cfg):
-        """The method's own options in ``cfg`` (its defaults where not given), checked against ``cfg``."""
+        """The method's own options in ``cfg`` (its defaults where not given), checked against ``cfg``.
+
+        An option added later that ``cfg`` does not hold is at its field's default, not the method's: a resolved
+        config records such an option only when it differs from the field's default (``options.recorded``), so its
+        absence means that default, in a config resolved now as in one recorded before the option existed.
+        """
         own = option_fields(cls.Options)
         foreign = sorted(set(cfg.method_options) - set(own))
         if foreign:
             raise HetflError(f"option '{foreign[0]}' is not an option of method '{cls.name}'; drop it")
-        options = cls.Options(**{**{k: v for k, v in cls.defaults.items() if k in own}, **cfg.method_options})
+        defaults = {k: v for k, v in cls.defaults.items() if k in own and not own[k].metadata.get("added_later")}
+        options = cls.Options(**{**defaults, **cfg.method_options})
         check_choices(options)
         check_ranges(options)
         options.check(cfg)
@@ -271,10 +277,15 @@ class Method:
         """Fold updates into a masked mean as they arrive, then take a server-optimizer step."""
         agg = MaskedMean(state.params)
         for update in updates:
-            agg.add(update.state, self.aggregate_weight(update), update.spec)
+            agg.add(update.state, self.aggregate_weight(update), update.spec, self.held_rows(update))
         if agg.num_updates == 0:
             return state
         return self.server.step(state, agg)
+
+    def held_rows(self, update: Update) -> dict[str, torch.Tensor] | None:
+        """The rows of some of ``update``'s tensors that alone count in the masked mean (``MaskedMean.add``), or None:
+        every element it holds counts (every method but those that mask labels)."""
+        return None
 
     def server_log(self) -> dict | None:
         """What the last ``aggregate`` did beyond averaging, as plain values for the round's log (``RoundLog.server``;

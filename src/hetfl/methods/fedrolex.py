@@ -12,10 +12,11 @@ The algorithm, step by step, and where each step lives:
    never sliced (s = K there), so they stay whole; every sliced dimension uses the same j, so a
    layer's output window is the next layer's input window.
 3. The client trains its sub-model with local SGD -> ``client.client_update``, unchanged (with
-   HeteroFL's Scaler, as the authors' code runs it).
+   HeteroFL's Scaler and label masking, as the authors' code runs it; see below).
 4. The server averages every element over the clients whose window held it ("selective
    averaging"); an element no client held keeps its value -> ``Method.aggregate`` with
-   ``aggregation.MaskedMean``, which places each update at its window.
+   ``aggregation.MaskedMean``, which places each update at its window (with label masking, a
+   classifier row counts only from the clients holding its class: ``HeteroFL.held_rows``).
 5. Inference with the full-width global model -> ``eval_specs``: "global", plus, as HeteroFL,
    every level width as its leading-corner sub-model (one window among the equally trained
    ones; reported for comparison with HeteroFL, the paper evaluates the global model).
@@ -28,11 +29,27 @@ HeteroFL's corner, round 2 starts at index 1, and so on, wrapping modulo each la
 code rolls the other way (``torch.roll(arange(K), j)[:s]`` starts at -j mod K); hetfl follows the
 paper's direction, which trains every channel equally often just the same.
 
+Horizon. Moving one index a round, a level's window starts at every index of a K-channel layer only after K rounds;
+then each channel has been held exactly r K times by a width-r window (tests/test_fedrolex.py). Before that the roll
+has not left the first channels: after 30 rounds a width-1/4 window of a 256-channel layer has touched channels 0-92
+only, so a table shorter than its widest layer measures FedRolex near HeteroFL's corner (``width-peers``); the preset
+``fedrolex-regime`` runs as many rounds as its widest layer has channels.
+
 Where the paper and the code differ, hetfl follows the paper: the window's size is the family's
 width-r size (as HeteroFL's, so FedRolex and HeteroFL train the same architectures), every element
 is a plain mean over its holders (the code weights biases and the classifier by running update
-counts and masks the classifier by each client's labels, neither of which the paper describes),
-and the server optimizer is the configured one (FedAvg by default). Scaler and static BN as HeteroFL.
+counts, which the paper does not describe), and the server optimizer is the configured one (FedAvg by
+default). Scaler and static BN as HeteroFL.
+
+Label masking (``label_mask``, on by default; ``methods.options.LabelMask``) is the code's, which it keeps from
+HeteroFL's: in training the logits of the classes a client holds no sample of are set to 0 (``models/resnet.py``'s
+``masked_fill``, the ``mask`` field of its ``control_name``, 1 in every command its README gives), and in aggregation
+each classifier row is averaged over the clients that hold its class only (``ResnetServerRoll.combine`` indexes the
+``linear`` layer by each client's ``label_split``). Under IID it changes nothing.
+
+The code's own training setup (CIFAR: SGD momentum 0.9, weight decay 1e-3, batch 10, gradient norm clipped at 1,
+capacities 1, 1/2, 1/4, 1/8, 1/16 redrawn every round, thousands of rounds) is the preset ``fedrolex-regime``'s and
+``width-peers-own``'s FedRolex rows; hetfl's common setup (``width-peers``) is the generic SGD of every other row.
 
 The window is over raw channel indices, so a backbone that splits its width into attention heads
 (the ViT, MiniLM, ReeFL's head) would see heads cut across by a rolled window; FedRolex runs on

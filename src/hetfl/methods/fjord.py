@@ -48,6 +48,12 @@ Choices:
   Scaler stays available with ``--scaler``).
 * Weight decay and momentum act on every tensor the client holds at every step, also on the units beyond the
   drawn width (whose gradient is zero), as the authors' ``torch.optim.SGD`` over the whole model does.
+* Label masking (``label_mask``, HeteroFL's masking trick) is available, as to every width method, and off by default:
+  neither the paper nor the authors' baseline masks labels.
+* Training setup: hetfl's common one by default (the generic SGD every row of a table shares). The authors' baseline
+  runs SGD at lr 0.1 without momentum, weight decay 1e-4, batch 32 (``conf/common.yaml``): the preset
+  ``width-peers-own``'s "FjORD (own)" row. Without momentum a narrow step moves the units beyond its width only by
+  weight decay; with it, also by the momentum of earlier, wider steps (tests/test_fjord.py).
 * Budgets are fitted on a p_max step, as HeteroFL's; with KD a step also runs p_max beside p (up to twice the
   forward work), which the fit does not count.
 """
@@ -61,12 +67,13 @@ from ..options import Range, opt
 from ..recipes import OrderedDropout
 from ..slicing import SubModel
 from .heterofl import HeteroFL
-from .options import NoOptions
+from .options import LabelMask
 
 
 @dataclass(frozen=True)
-class Options(NoOptions):
-    """FjORD's self-distillation: on or off, its weight and its temperature."""
+class Options(LabelMask):
+    """FjORD's self-distillation: on or off, its weight and its temperature; label masking (off: neither the paper nor
+    the authors' baseline masks labels)."""
 
     fjord_kd: bool = opt(False, "FjORD: self-distillation: every step also trains the client's widest width p_max "
                                 "(CE) and distils its softened outputs into the sampled width")

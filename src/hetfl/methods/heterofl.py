@@ -7,6 +7,10 @@
 * Sec. 3.2 - Scaler (``scaler``: activations divided by r_j in training) and static BN
   (statistics computed on the training data before inference: hetfl's rule for every method).
 * Inference: the full-width model's classifier; every width is also evaluated ("global sub-models").
+* Masking trick for non-IID data (``label_mask``, on by default as in the authors' code, whose models mask the
+  logits of the classes a client lacks and whose ``Federation.combine`` averages each classifier row over the
+  clients holding its class) -> ``methods.options.LabelMask``: ``TrainOptions.label_mask`` in the task, the client's
+  classes in its update, ``held_rows`` in aggregation. Under IID it changes nothing.
 
 SHeteroFL: a client also trains every smaller width it can afford, as in slimmable networks: the
 local loss adds the CE of each smaller-width sub-network, run on the leading slices of the same
@@ -15,17 +19,30 @@ parameters (so their gradients land on the shared channels).
 
 from __future__ import annotations
 
-from ..slicing import SubModel
+from dataclasses import replace
+
+import torch
+
+from ..models.base import classifier_names
 from ..recipes import Slimmable
+from ..slicing import SubModel
+from ..updates import Update
 from .base import Method
+from .options import LabelMask
 
 
 class HeteroFL(Method):
     name = "heterofl"
     summary = "width-scaled sub-models (leading channels of every layer), element-wise averaging (HeteroFL)"
+    Options = LabelMask
     defaults = {"scaling": "width", "train_exits": "last", "scaler": True,
-                "aggregation_weights": "uniform"}
+                "aggregation_weights": "uniform", "label_mask": True}
     scalings = ("width",)
+
+    def __init__(self, cfg, family, num_levels, device="cpu"):
+        super().__init__(cfg, family, num_levels, device)
+        self.train_options = replace(self.train_options, label_mask=self.options.label_mask)
+        self._classifiers: tuple[str, ...] | None = None
 
     def width_spec(self, width: float) -> SubModel:
         """The full-depth model at ``width`` times the global channels."""
@@ -34,6 +51,18 @@ class HeteroFL(Method):
     def plan(self, client, budget, round_index) -> SubModel:
         """The width of the client's level (or the widest its budget fits)."""
         return self.fit(budget)
+
+    def held_rows(self, update: Update) -> dict[str, torch.Tensor] | None:
+        """With label masking, the classifier rows of the classes ``update``'s client holds: only they count in the
+        mean (the masking trick's aggregation); None when it holds every class (nothing masked) or masks nothing."""
+        num_classes = self.family.num_classes
+        if not self.options.label_mask or update.classes is None or len(update.classes) == num_classes:
+            return None
+        if self._classifiers is None:
+            self._classifiers = classifier_names(self.models.module(self.full_spec()), num_classes)
+        held = torch.zeros(num_classes, dtype=torch.bool)
+        held[list(update.classes)] = True
+        return {name: held for name in self._classifiers if name in update.state}
 
     def eval_specs(self):
         specs = {"global": self.width_spec(1.0)}

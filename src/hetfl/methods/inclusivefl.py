@@ -15,7 +15,7 @@ Server, per round (Alg. 1):
 * line 19 - the server optimizer per level (FedAdam by default), with per-level state;
 * lines 20-22 - m^j_t = mean of g^{j,l} over layers l = L^-..L_j (L^- = depth of the next smaller
   level), averaged per tensor across those blocks; the mean is accumulated over every layer (the
-  authors' code overwrites it and keeps one layer: REFERENCE-NOTES, a bug not copied);
+  authors' code overwrites it and keeps one layer, a bug not copied);
 * lines 25-29 - heterogeneous aggregation: every shared layer of theta^c becomes the average of
   the levels that hold it as a shared layer, weighted by their numbers of clients n_j this round
   (line 7: "the number of users for each group"; the authors' code weights by the groups' sample

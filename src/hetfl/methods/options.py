@@ -41,3 +41,26 @@ class MutualKD(NoOptions):
             return self.kd_weight
         progress = min(round_index, ramp) / ramp
         return self.kd_weight * math.exp(-5.0 * (1.0 - progress) ** 2)
+
+
+@dataclass(frozen=True)
+class LabelMask(NoOptions):
+    """Label masking for non-IID clients, as HeteroFL's and FedRolex's authors' code does it.
+
+    In training, the logits of the classes a client holds no sample of are set to 0 before its loss (HeteroFL, Diao
+    et al. 2021: its "masking trick" for non-IID data; the code's ``out.masked_fill(label_mask == 0, 0)`` in
+    ``models/conv.py`` and ``models/resnet.py``, which FedRolex's code keeps): their classifier rows get no
+    gradient from the client's data. In aggregation, every classifier row (weight row and bias of the exits' last
+    Linear) is averaged over the clients that hold its class only (both codes' ``Federation.combine`` /
+    ``ResnetServerRoll.combine`` index the classifier by each client's ``label_split``). A client holding every class
+    masks nothing, so under IID the option changes nothing. The client tells the server which classes it holds.
+
+    Added after run folders were named: ``false`` is not recorded, so runs made before it keep their folders and a
+    method that defaults it on records ``true``.
+    """
+
+    label_mask: bool = opt(False, "width methods: set the logits of the classes a client holds no sample of to 0 in "
+                                  "its loss, and average each classifier row only over the clients that hold its "
+                                  "class (HeteroFL's masking trick; HeteroFL's and FedRolex's code: on for heterofl, "
+                                  "sheterofl and fedrolex; FjORD's baseline has none: off for fjord)",
+                           added_later=True)

@@ -19,8 +19,8 @@ ICLR 2022), as FeDepth's baseline under the same measured budgets.
   K bases; "level{l}" mixes the bases a level-l device trains. Every base alone is reported as
   "exit{i}".
 
-Relied on: the SplitMix paper's description as summarised in FeDepth Sec. 3 and the project's
-reference notes (REFERENCE-NOTES, "SplitMix"), checked against the authors' public code for K
+Relied on: the SplitMix paper's description as summarised in FeDepth Sec. 3, checked against the
+authors' public code (github.com/illidanlab/SplitMix: ``fed_splitmix.py``) for K
 (max ratio / base ratio), the number of bases per client (its ratio / base ratio), their selection,
 the bases' training (one CE each, their backward passes in turn, one optimizer step) and the mix
 (the mean of the bases' logits); none of its code is used.

@@ -138,6 +138,14 @@ def federated_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: t for n, t in model.state_dict().items() if n not in frozen}
 
 
+def classifier_names(model: nn.Module, num_classes: int) -> tuple[str, ...]:
+    """Names of the weight and bias of every exit's classifier in ``model``: its Linear layers with ``num_classes``
+    outputs under ``exits``, whose first dimension (one row per class) is never sliced."""
+    return tuple(f"{name}.{kind}" for name, layer in model.named_modules()
+                 if name.startswith("exits.") and isinstance(layer, nn.Linear) and layer.out_features == num_classes
+                 for kind, tensor in (("weight", layer.weight), ("bias", layer.bias)) if tensor is not None)
+
+
 class BaseEnsemble(nn.ModuleDict):
     """SplitMix's split model (Hong et al., 2022): independent base networks ``base{i}``, no shared parameter.
 

@@ -3,7 +3,7 @@ PreResNet-20 (He et al., 2016b), as ScaleFL and FeDepth use them.
 
 * ResNet-110: 3x3 stem (16 channels), 3 stages x 18 BasicBlocks with 16/32/64 channels (strides
   1/2/2); shortcut = 1x1 conv + BN where the shape changes (option B). ScaleFL's exit head
-  (REFERENCE-NOTES, "ScaleFL"): 3 x [conv3x3 C->C, BN (batch statistics), ReLU], global average
+  (as in the authors' code): 3 x [conv3x3 C->C, BN (batch statistics), ReLU], global average
   pool, Linear; the last exit is the network's own pool + Linear.
 * PreResNet-20: 3x3 stem (16 channels), 9 pre-activation blocks (BN-ReLU-conv-BN-ReLU-conv) with
   channels 16,16,16,32,32,32,64,64,64; FeDepth's head (BN, ReLU, pool, Linear) after the last

@@ -45,7 +45,7 @@ class LoraLinear(nn.Module):
     """LoRA around a frozen Linear: base(x) + B(A(x)) * alpha / r (Hu et al., 2022, Eq. 3), B zero at start.
 
     It is peft's LoRA layer (``inject_adapter_in_model`` with dropout 0) with torch alone, so that a machine without
-    peft (a lent accelerator's image) trains the same model: the same tensor names (``base_layer``,
+    peft (a GPU image with torch alone) trains the same model: the same tensor names (``base_layer``,
     ``lora_A.default``, ``lora_B.default``), the same draws from the global generator (A and B made as Linears,
     then A drawn again, Kaiming-uniform with a = sqrt(5)) and the same forward (``tests/test_text.py`` checks all
     three against peft).

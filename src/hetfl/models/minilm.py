@@ -69,7 +69,7 @@ CONFIG_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "inter
 def load_pretrained(folder: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config, state dict) of the BERT encoder saved in ``folder`` (config.json and model.safetensors, as
     ``transformers``' save_pretrained writes them), read once per process with torch alone: a machine without
-    ``transformers`` (a lent accelerator's image) loads the same tensors."""
+    ``transformers`` (a GPU image with torch alone) loads the same tensors."""
     root = Path(folder)
     for name in ("config.json", "model.safetensors"):
         if not (root / name).is_file():

@@ -8,8 +8,8 @@ the history, and Ree, one pre-norm transformer layer shared by all blocks, reads
 * Eq. (4) - modulation: the next block reads m_l^l in place of z^l (off for "ree-unmodulated",
   the ablation of Table 4).
 
-What the history holds (the paper's q_cls; the authors' code keeps views that later writes alias,
-REFERENCE-NOTES): the summary tokens as the blocks output them, z^1..z^l, before modulation; the
+What the history holds (the paper's q_cls; the authors' code keeps views that later writes
+alias): the summary tokens as the blocks output them, z^1..z^l, before modulation; the
 modulated m_l^l only replaces the backbone's summary (Fig. 1: m_l^l "is used to replace z^l as a
 part of input to block l+1"). Nothing is written in place, so an entry never changes once stored
 (tests/test_reefl.py checks it).

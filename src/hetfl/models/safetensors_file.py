@@ -3,8 +3,8 @@
 The format (github.com/huggingface/safetensors, "Format"): an 8-byte little-endian header length N,
 N bytes of JSON mapping each tensor's name to its dtype, shape and [begin, end) byte offsets in the
 data that follows (plus an optional ``__metadata__`` entry), then the data, little-endian, row-major.
-Reading it directly lets the pretrained backbone load where ``transformers`` is not installed (a lent
-accelerator's bare image), and gives the same tensors bit for bit (``tests/test_text.py``).
+Reading it directly lets the pretrained backbone load where ``transformers`` is not installed (a GPU
+image with torch alone), and gives the same tensors bit for bit (``tests/test_text.py``).
 """
 
 from __future__ import annotations

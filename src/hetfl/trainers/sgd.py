@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value
 
+from ..losses import client_classes, label_masked
 from ..models.cache import ModelCache
 from ..recipes import step_variants
 from ..seeding import torch_generator
@@ -31,16 +32,20 @@ StepFn = Callable[..., tuple[Tensors, Tensors | None, torch.Tensor | None, torch
 
 
 def client_step(module: nn.Module, objective: Objective, opts: TrainOptions, lr: float) -> StepFn:
-    """``step(params, momenta, carry, x, y, anchor, linear) -> (params, momenta, carry, loss)``: one SGD step of
-    ``module``'s trainable ``params`` (a dict; the module's own frozen tensors stay) on the batch (x, y).
+    """``step(params, momenta, carry, x, y, anchor, linear, present=None) -> (params, momenta, carry, loss)``: one SGD
+    step of ``module``'s trainable ``params`` (a dict; the module's own frozen tensors stay) on the batch (x, y).
 
     ``momenta`` and ``carry`` are None before the first step (an objective without a carry passes
     a 0-d tensor along after it); ``anchor`` (the round's global weights) and ``linear`` (FedDyn's
-    g_k) are dicts like ``params``, or None when unused.
+    g_k) are dicts like ``params``, or None when unused; ``present``: the client's classes when the task masks
+    labels (``losses.label_masked``: the logits of the others are set to 0), else None.
     """
-    def step(params, momenta, carry, x, y, anchor, linear):
+    def step(params, momenta, carry, x, y, anchor, linear, present=None):
         def loss_of(params):  # the batch and the carry are closed over: only the parameters are differentiated
-            loss, out = objective(lambda inputs: functional_call(module, params, (inputs,)), params, x, y, carry)
+            def forward(inputs):
+                return label_masked(functional_call(module, params, (inputs,)), present)
+
+            loss, out = objective(forward, params, x, y, carry, present=present)
             return loss, loss.new_zeros(()) if out is None else out  # a transform returns tensors only
 
         grads, (loss, carry) = grad_and_value(loss_of, has_aux=True)(params)
@@ -54,15 +59,16 @@ def client_step(module: nn.Module, objective: Objective, opts: TrainOptions, lr:
 
 
 def train_steps(steps: list[StepFn], params: Tensors, data: ClientData, schedule: list[Step], anchor: Tensors | None,
-                linear: Tensors | None) -> tuple[Tensors, float]:
+                linear: Tensors | None, present: torch.Tensor | None = None) -> tuple[Tensors, float]:
     """(final parameters, mean training loss per step) of one client after ``schedule``; ``steps``: the step
-    function of every variant a step may train (``Step.variant``)."""
+    function of every variant a step may train (``Step.variant``); ``present``: the client's classes when the
+    task masks labels, else None."""
     momenta = carry = None
     total = next(iter(params.values())).new_zeros(())
     layout = {n: t.stride() for n, t in params.items()}
     for s in schedule:
         x, y = step_inputs(data, s)
-        params, momenta, carry, loss = steps[s.variant](params, momenta, carry, x, y, anchor, linear)
+        params, momenta, carry, loss = steps[s.variant](params, momenta, carry, x, y, anchor, linear, present)
         params = {n: _with_strides(t, layout[n]) for n, t in params.items()}
         total += loss
     return params, float(total) / max(len(schedule), 1)  # one synchronisation per client
@@ -113,13 +119,22 @@ class SGDTrainer:
         generator = torch_generator(task.seed, "train", task.round, task.client)
         return draw_variants(draw_schedule(num_samples, task.train, generator), step_variants(task.loss), generator)
 
+    def present(self, task: Task, data: ClientData) -> torch.Tensor | None:
+        """The classes the client holds samples of (a boolean vector) when the task masks labels, else None."""
+        if not task.train.label_mask:
+            return None
+        return client_classes(data.y[data.indices.to(data.y.device)], task.family.num_classes)
+
     def finish(self, task: Task, local: State, start: Start, params: Tensors, loss: float, num_samples: int,
-               client_state: State | None, models: ModelCache) -> tuple[Update, State | None]:
-        """The update (every federated tensor: trained ones and, unchanged, the rest) and the new own state."""
+               client_state: State | None, models: ModelCache, present: torch.Tensor | None = None
+               ) -> tuple[Update, State | None]:
+        """The update (every federated tensor: trained ones and, unchanged, the rest; with label masking, the classes
+        it trained on) and the new own state."""
         new_local = {n: params[n] if n in params else local[n].clone() for n in models.shapes(task.spec)}
         if start.linear is not None:
             client_state = _feddyn_client_step(client_state or {}, task, start, params)
-        return Update(task.client, task.spec, new_local, num_samples, {"train_loss": loss}), client_state
+        classes = None if present is None else tuple(torch.nonzero(present).flatten().tolist())
+        return Update(task.client, task.spec, new_local, num_samples, {"train_loss": loss}, classes), client_state
 
     def update(self, local: State, task: Task, data: ClientData, client_state: State | None, models: ModelCache
                ) -> tuple[Update, State | None]:
@@ -128,8 +143,9 @@ class SGDTrainer:
         start = self.start(module, local, task, client_state)
         steps = [client_step(module, o, task.train, task.lr) for o in step_objectives(task.loss, models)]
         schedule = on_device(self.schedule(task, len(data)), data.x.device)
-        params, loss = train_steps(steps, start.params, data, schedule, start.anchor, start.linear)
-        return self.finish(task, local, start, params, loss, len(data), client_state, models)
+        present = self.present(task, data)
+        params, loss = train_steps(steps, start.params, data, schedule, start.anchor, start.linear, present)
+        return self.finish(task, local, start, params, loss, len(data), client_state, models, present)
 
 
 def _feddyn_client_step(client_state: State, task: Task, start: Start, end: Tensors) -> State:

@@ -1,21 +1,22 @@
-"""The runs a lease's budget cut short, brought back from their last checkpoint (scripts/gpu_lease.sh).
+"""The runs a time budget cut short on a remote machine, brought back from their last checkpoint (remote.sh).
 
-A lent machine is fresh each time and gone after its call, so a run the budget stopped lost every round it had
-trained. ``pack`` writes the unfinished runs that hold a checkpoint into ``partial-runs.tar.NN`` files within what a
-call brings back (at most 8 files of 16 MiB, 64 MiB together, counting the files already there), the runs that
-saved the most seconds per byte first; ``unpack`` puts them into a local runs folder, where ``hetfl bench suite``
-resumes each from its checkpoint on the device asked then (``Simulation.resume``'s ``device``: the device is no
-part of a run, so a run an H100 began goes on on a CPU, and its summary's ``segments`` say which rounds ran where).
+A remote machine rented for a short time may be fresh at each call and gone after it, so a run the budget stopped
+would lose every round it had trained. ``pack`` writes the unfinished runs that hold a checkpoint into
+``partial-runs.tar.NN`` files within what a call brings back (by default at most 8 files of 16 MiB, 64 MiB
+together, counting the files already there: ``MAX_FILES``, ``MAX_FILE``, ``MAX_TOTAL``), the runs that saved the
+most seconds per byte first; ``unpack`` puts them into a local runs folder, where ``hetfl bench suite`` resumes
+each from its checkpoint on the device asked then (``Simulation.resume``'s ``device``: the device is no part of a
+run, so a run a GPU began goes on on a CPU, and its summary's ``segments`` say which rounds ran where).
 
-    python3 scripts/lease_runs.py pack RUNS_DIR OUT --skip-unmoved  (there, after the suite)
-    python3 scripts/lease_runs.py unpack FOLDER RUNS_DIR   (here: `scripts/gpu_lease.sh collect` calls it)
+    python3 scripts/remote-gpu/partial_runs.py pack RUNS_DIR OUT --skip-unmoved  (there, after the suite)
+    python3 scripts/remote-gpu/partial_runs.py unpack FOLDER RUNS_DIR   (here: `remote.sh collect` calls it)
 
 ``unpack`` never replaces a run that is finished here, that has a checkpoint as far along here, or that a process
 here is training (its bench lock, ``runner.run_lock``, is held).
 
-The other way, ``scripts/gpu_lease.sh stage`` sends the runs this CPU has begun to the lease, which finishes the
-ones it can: ``pack runs/bench .lease --room 20 --skip-saved docs/results`` (what a call carries is 64 MiB in all,
-Fashion-MNIST and the repository included; a run a committed table holds already is not sent).
+The other way, ``scripts/remote-gpu/remote.sh stage`` sends the runs begun here to the remote machine, which
+finishes the ones it can: ``pack runs/bench .remote-gpu --room 20 --skip-saved docs/results`` (room for
+Fashion-MNIST and the working tree in the same transfer; a run a committed table holds already is not sent).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 from hetfl.bench.runner import saved_runs
 from hetfl.bench.suite import checkpoint_of
 
-MAX_FILES, MAX_FILE, MAX_TOTAL = 8, 16 * 2**20, 64 * 2**20  # what one device call brings back from $OUT
+MAX_FILES, MAX_FILE, MAX_TOTAL = 8, 16 * 2**20, 64 * 2**20  # what one call brings back from the remote $OUT
 MARGIN = 2**20  # tar's headers and padding, and the suite's own files written after the count
 PREFIX = "partial-runs.tar."
 PLACED = ".placed.json"  # in a runs folder: the rounds at which unpack placed its runs (pack skips the unmoved)
@@ -118,7 +119,7 @@ def unpack(folder: Path, runs_dir: Path) -> list[str]:
         return []
     runs_dir.mkdir(parents=True, exist_ok=True)
     said, placed = [], {}
-    with tempfile.TemporaryDirectory(dir=runs_dir, prefix=".lease-") as tmp:
+    with tempfile.TemporaryDirectory(dir=runs_dir, prefix=".unpacking-") as tmp:
         with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
             tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         for run in sorted(Path(tmp).iterdir()):
@@ -126,7 +127,7 @@ def unpack(folder: Path, runs_dir: Path) -> list[str]:
             if (here / "summary.json").exists():
                 said.append(f"{run.name}: finished here already; kept")
             elif (ahead := checkpoint_round(here)) >= came:
-                said.append(f"{run.name}: here at round {ahead}, the lease's at {came}; kept")
+                said.append(f"{run.name}: here at round {ahead}, the remote copy's at {came}; kept")
             elif not _bench_lock_is_free(runs_dir, run.name):
                 said.append(f"{run.name}: a process here is training it; kept")
             else:
@@ -146,31 +147,31 @@ def saved_in(results: Path) -> frozenset[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lease_runs.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="partial_runs.py", description=__doc__.split("\n\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
     packing = verbs.add_parser("pack", help="the runs of RUNS_DIR cut short, into OUT")
     packing.add_argument("runs_dir", type=Path)
     packing.add_argument("out", type=Path)
-    packing.add_argument("--room", type=float, help="MiB at most (default: what a device call brings back)")
+    packing.add_argument("--room", type=float, help="MiB at most (default: what a call brings back)")
     packing.add_argument("--skip-saved", type=Path, metavar="RESULTS", help="leave out the runs its tables hold")
     packing.add_argument("--skip-unmoved", action="store_true",
-                         help="leave out the runs still where unpack placed them (the lease's way back)")
+                         help="leave out the runs still where unpack placed them (the way back)")
     unpacking = verbs.add_parser("unpack", help="the runs of FOLDER's parts, into RUNS_DIR")
     unpacking.add_argument("folder", type=Path)
     unpacking.add_argument("runs_dir", type=Path)
     args = parser.parse_args(argv)
     if args.verb == "unpack":
         for line in unpack(args.folder, args.runs_dir):
-            print(f"lease_runs: {line}")
+            print(f"partial_runs: {line}")
         return 0
     if not args.runs_dir.is_dir():
-        print(f"lease_runs: no runs folder {args.runs_dir}: nothing to pack")
+        print(f"partial_runs: no runs folder {args.runs_dir}: nothing to pack")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     names = pack(args.runs_dir, args.out, max_total=int(args.room * 2**20) if args.room else MAX_TOTAL,
                  skip=saved_in(args.skip_saved) if args.skip_saved else frozenset(), skip_unmoved=args.skip_unmoved)
-    print(f"lease_runs: {len(names)} runs cut short packed into {args.out}: {', '.join(names)}" if names
-          else "lease_runs: no run cut short with a checkpoint to pack")
+    print(f"partial_runs: {len(names)} runs cut short packed into {args.out}: {', '.join(names)}" if names
+          else "partial_runs: no run cut short with a checkpoint to pack")
     return 0
 
 
