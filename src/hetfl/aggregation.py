@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .slicing import ROOT, State, SubModel, add_at, window
+from .slicing import ROOT, State, SubModel, add_at
 
 
 class MaskedMean:
@@ -36,7 +36,7 @@ class MaskedMean:
             if key not in self.sums:
                 self.sums[key] = torch.zeros_like(ref)
                 self.weights[key] = torch.zeros_like(ref)
-            idx = window(ref.shape, tensor.shape, spec.offset, ref.device)
+            idx = spec.window(name, ref.shape, tensor.shape, ref.device)  # its chunks' windows too (dense layers)
             held = None if rows is None else rows.get(name)
             if held is None:
                 add_at(self.sums[key], idx, tensor, alpha=weight)

@@ -205,7 +205,7 @@ class Method:
     def spec(self, depth: int, **extras) -> SubModel:
         """A depth-``depth`` sub-model holding every exit, or only its last one with ``train_exits=last``."""
         exits = (self.family.exits_at_depth(depth),) if self.cfg.train_exits == "last" else None
-        return SubModel(depth=depth, exits=exits, **extras)
+        return SubModel(depth=depth, exits=exits, chunks=self.family.chunks, **extras)  # chunks: dense layers' inputs
 
     def full_spec(self) -> SubModel:
         """The whole global model."""

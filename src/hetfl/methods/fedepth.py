@@ -48,6 +48,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import torch
+
 from ..costs import group_memory
 from ..devices import Budget, describe_budget
 from ..errors import HetflError, warn
@@ -111,6 +113,12 @@ class FeDepth(Method):
     def __init__(self, cfg, family, num_levels, device="cpu"):
         super().__init__(cfg, family, num_levels, device)
         self._schedules: dict[Budget, Blockwise] = {}
+        with torch.no_grad():
+            between = self.models.module(self.full_spec()).stem(family.inputs(2))
+        if not isinstance(between, torch.Tensor):  # MSDNet's blocks pass one map per scale
+            raise HetflError(f"FeDepth's skip connection and block groups read one feature map between blocks; model "
+                             f"'{family.name}' passes {len(between)} scales between its blocks: use a single-scale "
+                             "backbone (preresnet20, cnn, resnet18/34, resnet110)")
 
     @classmethod
     def make_family(cls, cfg, input_shape, num_classes):

@@ -6,7 +6,8 @@
   (``scaling = 2d``: ``splits.split_search``, shared with the baselines run on the same levels).
 * Sec. 3.1.2 - split: the depth cut, then the leading s_w share of every layer's channels.
 * Exit heads of the CIFAR ResNets are ScaleFL's (3 x conv-BN-ReLU, pool, linear); the CNN keeps
-  its pool + linear exits.
+  its pool + linear exits, MSDNet-24 (Sec. 4.3, ``models.msdnet``) its own classifiers after any of
+  its 24 layers.
 * Eq. (5) - local loss: exits weighted by index, KD from the local model's last exit (tau, beta),
   the teacher detached (``recipe``: ``losses.weighted_exits_with_last_teacher``).
 * Eq. (2) - aggregation: every element averaged over the clients holding it, unweighted.

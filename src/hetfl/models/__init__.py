@@ -10,8 +10,9 @@ from functools import lru_cache, partial
 import torch
 
 from ..errors import HetflError
-from . import cifar_resnet, convnet, minilm, resnet, vit  # noqa: F401  (each registers its families)
+from . import cifar_resnet, convnet, minilm, msdnet, resnet, vit  # noqa: F401  (each registers its families)
 from .base import ArchSpec, MultiExitModel, scaled
+from .chunks import Chunks, channel_chunks
 from .finetune import FINETUNE_MODES
 from .ree import HEAD_KINDS, ReeModel
 from .registry import FAMILIES, FamilyEntry, image_input, register_family
@@ -35,6 +36,16 @@ class ModelFamily:
     head: str = "exits"  # an exit per exit block, or ReeFL's Ree + shared classifier (``ree.HEAD_KINDS``)
     example_input: Callable[..., torch.Tensor] = image_input  # example_input(batch, input_shape, generator)
     pretrained: bool = False
+    dense: bool = False  # some layers read concatenated channel chunks (``chunks``)
+
+    @property
+    def chunks(self) -> Chunks:
+        """(name, dimension, width-1 chunk sizes) of every tensor whose input channels concatenate chunks (dense
+        connections, ``models.chunks``): what ``slicing.SubModel.chunks`` carries so that a width slice keeps the
+        leading share of each chunk; () for backbones without dense connections."""
+        if not self.dense:
+            return ()
+        return _unit_chunks(self.name, self.input_shape, self.num_classes, self.norm, self.arch.exit_after)
 
     def build(self, depth: int | None = None, width: float = 1.0, seed: int | None = None) -> MultiExitModel:
         """A sub-model with ``depth`` blocks at ``width`` times the global channels, seeded if asked.
@@ -111,7 +122,7 @@ def model_family(name: str, input_shape: tuple[int, ...], num_classes: int, widt
                          f"last block {num_blocks - 1}, got {list(exits)}")
     family = ModelFamily(name, tuple(input_shape), num_classes, ArchSpec(num_blocks, exits),
                          partial(entry.builder, exit_after=exits), width, norm, entry.channels, finetune,
-                         adapter_rank, head, entry.example_input, entry.pretrained)
+                         adapter_rank, head, entry.example_input, entry.pretrained, entry.dense)
     if not entry.pretrained:  # a pretrained backbone's size is its checkpoint's
         _check_fits_memory(family)
     return family
@@ -144,6 +155,18 @@ def _parameter_bytes(name: str, input_shape: tuple[int, ...], num_classes: int, 
         model = entry.builder(input_shape, num_classes, width=width, depth=entry.blocks(), norm=norm,
                               exit_after=exit_after)
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+@lru_cache(maxsize=64)
+def _unit_chunks(name: str, input_shape: tuple[int, ...], num_classes: int, norm: str,
+                 exit_after: tuple[int, ...]) -> Chunks:
+    """The chunk marks of the width-1 model of a family with dense connections (built once per process on the meta
+    device): the chunk sizes a width ratio scales, whatever the global model's own width."""
+    entry = FAMILIES[name]
+    with torch.device("meta"):
+        model = entry.builder(input_shape, num_classes, width=1.0, depth=entry.blocks(), norm=norm,
+                              exit_after=exit_after)
+    return channel_chunks(model)
 
 
 def physical_memory() -> int:

@@ -75,7 +75,11 @@ class ModelCache:
         return self._modules[key]
 
     def shapes(self, spec: SubModel) -> dict[str, torch.Size]:
-        """Local tensor shapes of ``spec``, by name."""
+        """Local tensor shapes of ``spec``, by name (what ``slicing.extract`` cuts: a narrower width of a backbone with
+        dense layers needs the family's chunks in its spec, else its inputs would be cut as leading corners)."""
+        if self.family.dense and spec.width != 1 and not spec.bases and spec.chunks != self.family.chunks:
+            raise ValueError(f"{spec.width:g}-width sub-model of {self.family.name} lacks its dense layers' chunks "
+                             "(SubModel.chunks = ModelFamily.chunks)")
         key = self._key(spec)
         if key not in self._shapes:
             self._shapes[key] = {n: t.shape for n, t in federated_state(self.module(spec)).items()}

@@ -31,6 +31,7 @@ class FamilyEntry:
     builder: Callable  # builder(input_shape, num_classes, *, width, depth, norm, exit_after) -> MultiExitModel
     pretrained: bool = False  # built from pretrained weights: its builder takes finetune and adapter_rank
     text: bool = False  # reads token ids (N, L); else images (N, C, H, W)
+    dense: bool = False  # some layers read concatenated channel chunks (models.chunks): see ModelFamily.chunks
 
     @property
     def example_input(self) -> Callable[..., torch.Tensor]:

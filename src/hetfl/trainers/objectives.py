@@ -23,7 +23,7 @@ from ..losses import (best_exit_kd, distilled_ce, exits_ce, label_masked, mutual
                       weighted_exits_with_last_teacher)
 from ..models.cache import ModelCache
 from ..recipes import BestExit, ExitsCE, LastTeacher, OrderedDropout, Recipe, Slimmable, step_variants
-from ..slicing import corner
+from ..slicing import narrowed
 
 Forward = Callable[[torch.Tensor], list[torch.Tensor]]
 Objective = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]  # (forward, params, x, y, carry, present=None)
@@ -81,7 +81,7 @@ def _slimmable(recipe: Slimmable, models: ModelCache) -> Objective:
     def objective(forward, params, x, y, carry, present=None):
         total = exits_ce(forward(x), y)
         for sub, module, shapes in smaller:
-            sliced = {n: params[n][corner(s)] for n, s in shapes.items() if n in params}
+            sliced = narrowed(params, shapes, sub)  # leading slices (of every chunk, in dense layers)
             total = total + exits_ce(label_masked(functional_call(module, sliced, (x,)), present), y)
         return total, carry
 
@@ -118,7 +118,7 @@ def _ordered_dropout(recipe: OrderedDropout, models: ModelCache, variant: int | 
         """The logits of the step's width."""
         if sub is None:
             return forward(x)
-        sliced = {n: params[n][corner(s)] for n, s in shapes.items() if n in params}
+        sliced = narrowed(params, shapes, sub)  # leading slices (of every chunk, in dense layers)
         return label_masked(functional_call(module, sliced, (x,)), present)
 
     def objective(forward, params, x, y, carry, present=None):

@@ -20,7 +20,7 @@ from ..losses import client_classes, label_masked
 from ..models.cache import ModelCache
 from ..recipes import step_variants
 from ..seeding import torch_generator
-from ..slicing import State, window
+from ..slicing import State, SubModel
 from ..task import Task, TrainOptions
 from ..updates import Update
 from .objectives import Objective, step_objectives
@@ -109,8 +109,7 @@ class SGDTrainer:
         anchor = params if opts.prox_mu or opts.feddyn_alpha else None
         linear = None
         if opts.feddyn_alpha:
-            linear = {n: _window_of(client_state or {}, task.spec.global_name(n), t, task.spec.offset)
-                      for n, t in params.items()}
+            linear = {n: _window_of(client_state or {}, task.spec, n, t) for n, t in params.items()}
         return Start(params, anchor, linear)
 
     def schedule(self, task: Task, num_samples: int) -> list[Step]:
@@ -156,15 +155,16 @@ def _feddyn_client_step(client_state: State, task: Task, start: Start, end: Tens
         key = task.spec.global_name(name)
         full = new_state.get(key)
         full = torch.zeros(task.state_shapes[key], device=g.device) if full is None else full.clone()
-        full[window(full.shape, g.shape, task.spec.offset, full.device)] = g - alpha * (end[name] - start.params[name])
+        full[task.spec.window(name, full.shape, g.shape, full.device)] = g - alpha * (end[name] - start.params[name])
         new_state[key] = full
     return new_state
 
 
-def _window_of(state: State, key: str, like: torch.Tensor, offset: int) -> torch.Tensor:
-    """The window at ``offset`` of ``state[key]`` shaped like ``like`` (``slicing.window``); zeros when the client has
-    none yet."""
+def _window_of(state: State, spec: SubModel, name: str, like: torch.Tensor) -> torch.Tensor:
+    """The window of local tensor ``name`` of ``spec`` in the client's global-shaped ``state`` (``SubModel.window``),
+    shaped like ``like``; zeros when the client has none yet."""
+    key = spec.global_name(name)
     if key not in state:
         return torch.zeros_like(like)
     full = state[key]
-    return full[window(full.shape, like.shape, offset, full.device)].to(like.device)
+    return full[spec.window(name, full.shape, like.shape, full.device)].to(like.device)
