@@ -33,6 +33,7 @@ def test_eq1_split_search_on_msdnets_parameters():
 
 
 @pytest.mark.parametrize("method", ["heterofl", "scalefl"])
+@pytest.mark.soak  # 30 s of training each on two idle cores: make soak, which CI runs after make test
 def test_width_methods_learn_digits_on_msdnet(method, tmp_path):
     from hetfl.methods import config_from
     from hetfl.sim import Simulation
