@@ -253,6 +253,7 @@ def cmd_bench_suite(args, seeds: list[int] | None) -> int:
                          "of every preset whose runs are all finished")
     if args.time_budget is None:
         raise HetflError("bench suite: --time-budget SECONDS is required (the device time to spend)")
+    release_warnings()  # checked: its workers run for hours, and what it warns of is printed as it comes
     result = run_suite(args.more_presets, time_budget=args.time_budget,
                        workers=1 if args.workers is None else args.workers, device=args.device, out=args.out,
                        runs_dir=args.runs_dir, rounds=args.rounds, seeds=seeds, progress=not args.quiet,
@@ -298,12 +299,14 @@ def cmd_bench(args) -> int:
         from .flower.federation import check_installed
 
         check_installed()
+        release_warnings()
         run_flower_bench(rounds=args.rounds or 3, out=args.out)
         return 0
     if args.preset == "chaos":
         from .bench.chaos import run_chaos
 
         seed = (seeds or [0])[0]
+        release_warnings()
         return 0 if run_chaos(kills=args.kills, rounds=args.rounds or 40, seed=seed, out=args.out)["ok"] else 1
     from .bench.runner import run_bench
 
