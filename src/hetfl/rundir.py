@@ -178,6 +178,15 @@ def nearest_existing(path: Path) -> Path:
     return next(folder for folder in (path, *path.parents) if exists(folder))
 
 
+def existing_folder_above(path: str | Path, what: str) -> Path:
+    """The nearest existing folder of ``path`` (itself or a parent), where ``path``'s folders would be created;
+    HetflError naming ``what`` when that is a file."""
+    existing = nearest_existing(Path(path).absolute())
+    if not existing.is_dir():
+        raise HetflError(f"{what} {str(path)!r} cannot hold folders: {existing} is a file, not a folder")
+    return existing
+
+
 def check_location(out: str, name: str) -> None:
     """Returns None; raises HetflError unless ``name`` (the run folder's name: given, or what one would be generated
     as) is one path component that fits the file system, and ``out`` can hold folders of that name."""
@@ -186,9 +195,7 @@ def check_location(out: str, name: str) -> None:
                          "use --out to choose where run folders go")
     if not out:
         raise HetflError("out must name a folder, got an empty string")
-    existing = nearest_existing(Path(out).absolute())
-    if not existing.is_dir():
-        raise HetflError(f"out {out!r} cannot hold run folders: {existing} is a file, not a folder")
+    existing = existing_folder_above(out, "out")
     try:
         name_max = os.pathconf(existing, "PC_NAME_MAX")
     except (OSError, ValueError):
@@ -221,11 +228,7 @@ def check_writable_folder(folder: Path, what: str) -> None:
 def check_output_folder(path: str | Path, what: str) -> None:
     """Returns None; raises HetflError naming ``what`` unless ``path`` is a folder hetfl can write in or can be
     created as one (its nearest existing parent is a writable folder). Check it before the work that fills it."""
-    path = Path(path)
-    existing = nearest_existing(path.absolute())
-    if not existing.is_dir():
-        raise HetflError(f"{what} {path} cannot be a folder: {existing} is a file")
-    check_writable_folder(existing, f"{what} {path}")
+    check_writable_folder(existing_folder_above(path, what), f"{what} {path}")
 
 
 def create_run_dir(run_dir: Path, files: dict[str, str]) -> Path:
