@@ -7,12 +7,15 @@ before a run folder is created.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import re
 import sys
 from pathlib import Path
 
+from . import distributed
 from .config import Config
-from .errors import HetflError, release_warnings, set_up_warnings_held
+from .errors import LOGGER, HetflError, release_warnings, set_up_warnings_held
 from .methods import METHODS, config_from, load_config, option_owners
 from .options import default_of, option_fields
 from .rundir import check_output_folder
@@ -124,7 +127,8 @@ def check_bench_args(args) -> list[int] | None:
                              ("workers", args.workers, 1)):
         if value is not None and value < low:
             raise HetflError(f"{command}: --{flag} must be an integer >= {low}, got {value}")
-    if args.device is not None and not getattr(args, "plan", False):  # a plan for another machine is made here
+    # a plan or the jobs for another machine are made here (bench jobs checks the device's name alone)
+    if args.device is not None and not getattr(args, "plan", False) and args.preset != "jobs":
         from .sim import resolve_device
 
         resolve_device(args.device)
@@ -140,20 +144,74 @@ def cmd_run(args) -> int:
     from .sim import Simulation
 
     check_paths_given(args)
-    if args.resume is not None:
-        options = given_options(args)
-        device = options.pop("device", None)  # where it goes on is no part of the run
-        if args.config is not None or options:
-            raise HetflError("--resume takes no other options but --device: the run folder's config.json defines "
-                             "the run")
-        sim = Simulation.resume(args.resume, device=device)
-    else:
-        overrides = given_options(args)
-        cfg = load_config(args.config, overrides) if args.config is not None else config_from(overrides, source="flags")
-        sim = Simulation(cfg)
-    summary = sim.run(progress=not args.quiet)  # a finished run only has its final files checked (and repaired)
-    print(run_table(summary))
+    device = resumed_device(args) if args.resume is not None else None
+    if args.rank_timeout <= 0:
+        raise HetflError(f"--rank-timeout must be a positive number of seconds, got {args.rank_timeout:g}")
+    if args.processes is not None:
+        check_processes(args.processes)
+        if args.processes > 1 and not distributed.launched():  # this process only starts the ranks
+            if args.resume is None:
+                run_config(args).validate()  # bad input is refused once, before any rank starts
+            elif not (Path(args.resume) / "config.json").is_file():
+                raise HetflError(f"{args.resume} is not a hetfl run folder (no config.json)")
+            return distributed.launch(args.processes, without_flag(args.argv, "--processes"), args.rank_timeout)
+    team = distributed.join(args.rank_timeout)
+    if not team.owner:  # rank 0 speaks for the run; the others only report their own failures
+        logging.getLogger(LOGGER).setLevel(logging.ERROR)
+    try:
+        if args.resume is not None:
+            sim = Simulation.resume(args.resume, device=device, team=team) if team.owner else \
+                Simulation.follow(team, device)
+        else:
+            sim = Simulation(run_config(args), team=team)
+        summary = sim.run(progress=not args.quiet)  # a finished run only has its final files checked (and repaired)
+        team.close()
+    except HetflError as e:
+        if team.owner or str(e).startswith(f"rank {team.rank}:"):
+            raise
+        raise HetflError(f"rank {team.rank}: {e}") from None
+    if team.owner:
+        print(run_table(summary))
     return 0
+
+
+def resumed_device(args) -> str | None:
+    """The device a resumed run goes on on (None: its config's); HetflError for any other option given."""
+    options = given_options(args)
+    device = options.pop("device", None)  # where it goes on is no part of the run
+    if args.config is not None or options:
+        raise HetflError("--resume takes no other options but --device: the run folder's config.json defines the run")
+    return device
+
+
+def run_config(args):
+    """The config of ``hetfl run``'s --config file and flags."""
+    overrides = given_options(args)
+    return load_config(args.config, overrides) if args.config is not None else config_from(overrides, source="flags")
+
+
+def check_processes(processes: int) -> None:
+    """Returns None; HetflError when ``--processes`` is not a positive count, or disagrees with a launcher's
+    WORLD_SIZE (torchrun's --nproc-per-node x --nnodes)."""
+    if processes < 1:
+        raise HetflError(f"--processes must be at least 1, got {processes}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and processes not in (1, world):
+        raise HetflError(f"--processes {processes} but the launcher started {world} processes (WORLD_SIZE); drop "
+                         "--processes under torchrun")
+
+
+def without_flag(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``flag`` and its value (``--flag N`` or ``--flag=N``)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
 
 
 def cmd_deploy(args) -> int:
@@ -251,6 +309,8 @@ def cmd_bench_suite(args, seeds: list[int] | None) -> int:
     if args.report_only:
         raise HetflError("bench suite: --report-only is an option of hetfl bench PRESET; the suite writes the table "
                          "of every preset whose runs are all finished")
+    if args.run is not None or args.format is not None:
+        raise HetflError("bench suite: --run is an option of hetfl bench PRESET and --format of hetfl bench jobs")
     if args.time_budget is None:
         raise HetflError("bench suite: --time-budget SECONDS is required (the device time to spend)")
     release_warnings()  # checked: its workers run for hours, and what it warns of is printed as it comes
@@ -261,14 +321,79 @@ def cmd_bench_suite(args, seeds: list[int] | None) -> int:
     return result["exit_code"]
 
 
+def cmd_bench_jobs(args, seeds: list[int] | None) -> int:
+    """``hetfl bench jobs``: prints a shell command per run left (``--format json``: a JSON list) on stdout and a
+    note on stderr; returns 0."""
+    import json
+
+    from .bench.jobs import missing_jobs
+
+    given = [flag for flag, on in (("--run", args.run is not None), ("--report-only", args.report_only),
+                                   ("--workers", args.workers is not None), ("--plan", args.plan),
+                                   ("--time-budget", args.time_budget is not None), ("--order", args.order is not None))
+             if on]
+    if given:
+        raise HetflError(f"bench jobs: {', '.join(given)} not taken; it takes --out, --runs-dir, --seeds, --rounds, "
+                         "--device, --reuse-saved and --format")
+    overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
+    jobs, tables = missing_jobs(args.more_presets, out=args.out, runs_dir=args.runs_dir, overrides=overrides,
+                                seeds=seeds, reuse_saved=args.reuse_saved)
+    if args.format == "json":
+        print(json.dumps(jobs))  # [] when nothing is left: still a JSON document
+    elif jobs:
+        print("\n".join(job["command"] for job in jobs))
+    then = " && ".join(tables)
+    print(f"hetfl bench jobs: {len(jobs)} run(s) left; once finished, write the tables: {then}" if jobs else
+          f"hetfl bench jobs: no run left to train; write the tables: {then}", file=sys.stderr)
+    return 0
+
+
+def cmd_bench_run(args, seeds: list[int] | None) -> int:
+    """``hetfl bench PRESET --run LABEL``: trains that row's runs (one per seed) and no table; returns 0."""
+    from .bench.jobs import run_label
+    from .bench.suite import NOT_PRESETS
+
+    if args.preset in NOT_PRESETS:
+        raise HetflError(f"bench {args.preset}: --run names a run of a preset; '{args.preset}' is a benchmark of its "
+                         "own")
+    given = [flag for flag, on in (("--out", args.out is not None), ("--report-only", args.report_only),
+                                   ("--reuse-saved", args.reuse_saved)) if on]
+    if given:
+        raise HetflError(f"bench {args.preset} --run trains runs into --runs-dir and writes no table: drop "
+                         f"{', '.join(given)} (then hetfl bench {args.preset} --reuse-saved writes the table)")
+    release_warnings()  # checked: what it warns of is printed as the run goes
+    overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
+    run_label(args.preset, args.run, runs_dir=args.runs_dir, overrides=overrides, seeds=seeds,
+              progress=not args.quiet)
+    return 0
+
+
+def parse_counts(text: str) -> list[int]:
+    """The process counts of ``bench scaling --processes`` ("1,2,4")."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise HetflError(f"bench scaling: --processes takes comma-separated counts of at least 1, e.g. 1,2,4; "
+                         f"got '{text}'")
+    return counts
+
+
 def cmd_bench(args) -> int:
     seeds = check_bench_args(args)
     if args.preset == "suite":
         return cmd_bench_suite(args, seeds)
+    if args.preset == "jobs":
+        return cmd_bench_jobs(args, seeds)
     if args.more_presets:  # the message argparse gave before `suite` took more than one preset
         raise HetflError(f"unrecognized arguments: {' '.join(args.more_presets)}")
     if args.workers is not None or args.time_budget is not None or args.plan or args.order is not None:
         raise HetflError("bench: --workers, --time-budget, --plan and --order are options of hetfl bench suite")
+    if args.format is not None:
+        raise HetflError("bench: --format is an option of hetfl bench jobs")
+    if args.run is not None:
+        return cmd_bench_run(args, seeds)
     if args.preset == "memory":
         from .bench.memory import run_memory
 
@@ -280,6 +405,16 @@ def cmd_bench(args) -> int:
         run_speed(rounds=args.rounds or 2, repeats=3 if args.repeats is None else args.repeats,
                   device=args.device or "cpu")
         return 0
+    if args.preset == "scaling":
+        from .bench.scaling import run_scaling
+
+        counts = parse_counts(args.processes or "1,2")
+        release_warnings()
+        print(run_scaling(counts, repeats=3 if args.repeats is None else args.repeats, rounds=args.rounds or 4,
+                          device=args.device or "cpu", progress=not args.quiet))
+        return 0
+    if args.processes is not None:
+        raise HetflError("bench: --processes is an option of hetfl bench scaling")
     if args.preset == "throughput":
         from .bench.throughput import run_throughput
 
@@ -431,6 +566,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint "
                                                           "(with --device: on another device)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--processes", type=int, metavar="N", help="share the run among N processes on this machine "
+                     "(torch.distributed, gloo): the same weights as one process; see docs/scaling.md")
+    run.add_argument("--rank-timeout", type=float, default=distributed.RANK_TIMEOUT, metavar="SECONDS",
+                     help="with several processes: how long a silent rank may go before the others stop, naming "
+                     "it (default %(default)g)")
     add_config_flags(run)
     run.set_defaults(fn=cmd_run)
 
@@ -472,13 +612,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark preset (methods x seeds) or the speed check")
     bench.__class__ = IntermixedParser  # `hetfl bench suite --device cuda a b`: presets after flags
     bench.add_argument("preset", help="a preset name (docs/benchmarks.md), a preset .toml file, 'speed', 'throughput' "
-                       "(sequential against batched executor), 'memory', "
+                       "(sequential against batched executor), 'scaling' (one run at 1, 2, ... processes), 'memory', "
                        "'checkpoint' (what a checkpoint costs per round), 'chaos' (kill -9 and resume soak), "
-                       "'flower' (the simulator against Flower SuperNodes on loopback) or 'suite' (the presets "
-                       "that follow, within --time-budget)")
-    bench.add_argument("more_presets", nargs="*", default=[], metavar="PRESET", help="suite: the presets to run")
-    bench.add_argument("--out", help="results folder (default results/PRESET; suite: the folder holding a folder per "
-                       "preset, default results)")
+                       "'flower' (the simulator against Flower SuperNodes on loopback), 'suite' (the presets "
+                       "that follow, within --time-budget) or 'jobs' (a shell command per run left of the presets that "
+                       "follow, for a cluster scheduler)")
+    bench.add_argument("more_presets", nargs="*", default=[], metavar="PRESET", help="suite, jobs: the presets")
+    bench.add_argument("--out", help="results folder (default results/PRESET; suite, jobs: the folder holding a folder "
+                       "per preset, default results)")
     bench.add_argument("--runs-dir", help="where the individual runs go (default runs/bench, shared by all "
                        "presets: a finished run is reused by any preset that has it)")
     bench.add_argument("--seeds", help="comma-separated seeds (default: the preset's); the table keeps "
@@ -489,6 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kills", type=int, default=20, help="chaos: how many kill -9s (the first --seeds value "
                        "seeds their moments)")
     bench.add_argument("--device", help="torch device")
+    bench.add_argument("--processes", metavar="COUNTS", help="scaling: comma-separated process counts (default 1,2)")
     bench.add_argument("--workers", type=int, help="suite: worker processes sharing the runs (default 1)")
     bench.add_argument("--time-budget", type=float, metavar="SECONDS", help="suite: the seconds to spend; it starts "
                        "no run whose estimate does not fit and stops its workers before the end (required)")
@@ -498,6 +640,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--order", help="suite: which runs the workers take first: 'shortest' (by estimate, the "
                        "unknown last: the most runs finished within the budget; default) or 'given' (the presets' "
                        "order, a table finished before the next)")
+    bench.add_argument("--run", metavar="LABEL", help="train only the preset's run LABEL (one per --seeds seed) into "
+                       "--runs-dir, under its lock (reused if finished, resumed if interrupted), and write no table: "
+                       "the commands hetfl bench jobs prints")
+    bench.add_argument("--format", choices=("lines", "json"), help="jobs: 'lines' (a shell command per run, default) "
+                       "or 'json' (a list of {preset, label, seed, run_dir, command})")
     bench.add_argument("--model", help="memory: the backbone (default resnet18)")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
     bench.add_argument("--report-only", action="store_true", help="train nothing: rewrite table.md from the "
@@ -505,8 +652,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "finished-runs.json: an interim table of an unfinished bench, naming the runs it lacks")
     bench.add_argument("--reuse-saved", action="store_true", help="take a run from the summaries.json or "
                        "finished-runs.json in --out when it holds the same run (folder name: method, hash of the "
-                       "run's values, seed) instead of training it again (suite: in each preset's folder of --out); only for a "
-                       "table made by the current code")
+                       "run's values, seed) instead of training it again (suite, jobs: in each preset's folder of "
+                       "--out); only for a table made by the current code")
     bench.set_defaults(fn=cmd_bench)
 
     costs = sub.add_parser("costs", help="params, MACs, bytes, training memory and latency of sub-models",
@@ -528,7 +675,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (2 for user errors)."""
     try:
-        args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
+        argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
+        args = build_parser().parse_args(argv)
+        args.argv = argv  # what a launcher repeats for each process
         with set_up_warnings_held():
             return args.fn(args)
     except HetflError as e:

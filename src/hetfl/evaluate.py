@@ -65,15 +65,27 @@ def exit_scores(batches: list[list[torch.Tensor]], y: torch.Tensor, batch_size: 
                 numbers: Sequence[int] | None = None) -> dict[str, float]:
     """``evaluate``'s scores from per-batch exit logits (``exit_logits``): the exits are numbered ``numbers``
     (default 1..N), the ensemble is the mean of their logits, the loss is the last exit's mean CE."""
+    tallies = [batch_tally(logits, y[start:start + batch_size])
+               for start, logits in zip(range(0, len(y), batch_size), batches)]
+    return tally_scores(tallies, len(y), numbers)
+
+
+def batch_tally(logits: list[torch.Tensor], target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a batch adds to a model's scores: the hits of each exit and of the ensemble, and the last exit's summed CE."""
+    outputs = logits + [ensemble_logits(logits)]
+    hits = torch.stack([(o.argmax(1) == target).sum() for o in outputs])
+    return hits, F.cross_entropy(logits[-1], target, reduction="sum")
+
+
+def tally_scores(tallies: list[tuple[torch.Tensor, torch.Tensor]], n: int, numbers: Sequence[int] | None = None
+                 ) -> dict[str, float]:
+    """``exit_scores`` of the batches' tallies (``batch_tally``) of ``n`` samples, added in the batches' order (so the
+    float sum of the loss does not depend on who computed which batch)."""
     correct: torch.Tensor | None = None
-    loss = torch.zeros((), device=y.device)
-    for start, logits in zip(range(0, len(y), batch_size), batches):
-        target = y[start:start + batch_size]
-        outputs = logits + [ensemble_logits(logits)]
-        hits = torch.stack([(o.argmax(1) == target).sum() for o in outputs])
+    loss = torch.zeros((), device=tallies[0][1].device)
+    for hits, batch_loss in tallies:
         correct = hits if correct is None else correct + hits
-        loss += F.cross_entropy(logits[-1], target, reduction="sum")
-    n = len(y)
+        loss += batch_loss.to(loss.device)
     acc = (correct.double() / n).tolist()
     result = {f"exit{k}": a for k, a in zip(numbers or range(1, len(acc)), acc[:-1])}
     result["ensemble"] = acc[-1]
@@ -85,7 +97,7 @@ STATS_CHUNK = 500  # samples per forward pass of the statistics pass: fixed, so 
 
 
 @contextmanager
-def static_batchnorm(model: nn.Module, x: torch.Tensor, chunk: int = STATS_CHUNK) -> Iterator[nn.Module]:
+def static_batchnorm(model: nn.Module, x: torch.Tensor, chunk: int = STATS_CHUNK, team=None) -> Iterator[nn.Module]:
     """Within the block, BatchNorm layers normalise with fixed statistics of ``x`` (model in eval mode).
 
     HeteroFL's static BN (sBN, Diao et al., 2021, Sec. 3.2): BN keeps no running statistics during
@@ -99,6 +111,9 @@ def static_batchnorm(model: nn.Module, x: torch.Tensor, chunk: int = STATS_CHUNK
     PyTorch's running statistics would, rather than PyTorch's cumulative average of per-batch
     variances, which would miss the spread between the batches' means and depend on the batch size.
     Afterwards the layers use batch statistics again.
+
+    ``team`` (``distributed.Team``): the processes of a run share the chunks, each running its own; the
+    chunks' moments are gathered in chunk order, so the statistics are one process's, exactly.
     """
     layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats]
     was_training = model.training
@@ -109,9 +124,14 @@ def static_batchnorm(model: nn.Module, x: torch.Tensor, chunk: int = STATS_CHUNK
     try:
         if layers:
             model.train()
+            starts = range(0, len(x), chunk)
             with torch.no_grad():
-                for start in range(0, len(x), chunk):
-                    model(x[start:start + chunk])
+                for k in team.share(len(starts)) if team else range(len(starts)):
+                    model(x[starts[k]:starts[k] + chunk])
+            if team is not None and team.size > 1:
+                every = team.gather([moments[m] for m in layers])
+                for j, m in enumerate(layers):
+                    moments[m][:] = [(n, mean.to(x.device), var.to(x.device)) for part in every for n, mean, var in part[j]]
         for m in layers:
             del m.forward
             mean, var = _pooled_moments(moments[m])

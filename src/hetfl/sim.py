@@ -25,21 +25,24 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import ClientStateStore, checked_payload, load_checkpoint, save_checkpoint
+from . import __version__
+from .checkpoint import WHERE_IT_RUNS, ClientStateStore, checked_payload, load_checkpoint, save_checkpoint
 from .aggregation import ServerState
 from .config import Config
 from .data import load_dataset, split_train_test
 from .data.partition import partition_among
 from .data.server import server_data
 from .devices import Budget, Scenario
+from .distributed import Team, checksum
 from .errors import HetflError, release_warnings, spans, warn
-from .evaluate import exit_logits, exit_numbers, exit_scores, static_batchnorm, truncations
+from .evaluate import batch_tally, exit_numbers, static_batchnorm, tally_scores, truncations
 from .executors import Executor, Job, LocalClients
 from .executors.batched import BatchedExecutor
+from .executors.distributed import DistributedExecutor, MemoryStore
 from .executors.faults import FaultInjection
 from .executors.sequential import SequentialExecutor
 from .machine import describe
-from .methods import build_method, load_config, method_class
+from .methods import build_method, config_from, load_config, method_class
 from .models.cache import ModelCache
 from .models.frozen_features import features_of, serving
 from .models.registry import token_input
@@ -94,13 +97,16 @@ class Simulation:
 
     ``executor(sim)`` makes the executor of the set-up experiment (default: the config's
     ``executor`` in this process); ``on_round(sim, record)`` is called after every round is logged
-    and checkpointed (an engine's progress lines).
+    and checkpointed (an engine's progress lines). ``team``: the processes sharing the run
+    (``distributed``; default this one alone): every rank builds the same simulation, shares each
+    round's clients and evaluation, and rank 0 alone writes the run folder.
     """
 
     def __init__(self, cfg: Config, executor: ExecutorFactory | None = None,
-                 on_round: Callable[[Simulation, dict], None] | None = None):
+                 on_round: Callable[[Simulation, dict], None] | None = None, team: Team | None = None):
         self.cfg = cfg.validate()
-        self.device = resolve_device(cfg.device)
+        self.team = team or Team()
+        self.device = self.team.device(resolve_device(cfg.device))
         dataset = load_dataset(cfg.dataset, cfg.data_dir or None, cfg.max_length)
         wanted = method_class(cfg.method).server_data_wanted(cfg)  # FedDF's distillation set, before the partition
         server = server_data(*wanted, dataset, cfg.seed, cfg.data_dir or None, cfg.max_length) if wanted else None
@@ -127,6 +133,8 @@ class Simulation:
             subset = torch.randperm(len(self.x_train), generator=torch_generator(cfg.seed, "static-bn"))
             self.x_bn = self.x_train[subset[:cfg.static_bn_samples].to(self.device)]
         self.parts = [p.to(self.device) for p in parts]
+        if self.team.size > 1:
+            self.team.agree(self._facts())
         self._check_model_takes_data()
         # a frozen backbone's exit summaries of every document, computed once (models.frozen_features)
         self.frozen_features = features_of(self.x_train, self.x_test) if cfg.cache_frozen_features else None
@@ -166,15 +174,29 @@ class Simulation:
             raise HetflError(f"model {cfg.model} cannot read {cfg.dataset}'s inputs of shape {tuple(x.shape[1:])}: "
                              f"{reason}") from None
 
+    def _facts(self) -> dict[str, object]:
+        """What every rank of a run must share: the experiment's options, the hetfl and torch versions, the kind of
+        device and the data (a checksum of the dataset and the partition)."""
+        machine_local = (*WHERE_IT_RUNS, "data_dir", "out")  # paths may differ between machines; the data may not
+        facts = {f"option {k}": v for k, v in self.cfg.to_dict().items() if k not in machine_local}
+        return {**facts, "hetfl version": __version__, "torch version": torch.__version__,
+                "device type": self.device.type,
+                "data": checksum(self.x_train, self.y_train, self.x_test, self.y_test, *self.parts)}
+
     def local_executor(self) -> Executor:
         """The config's in-process executor: batched on request or (auto) on CUDA, else sequential (on a CPU,
-        stacking clients does not pay: ``hetfl bench throughput``)."""
+        stacking clients does not pay: ``hetfl bench throughput``); in a team of processes, it trains this rank's
+        share of each round (``executors.distributed``)."""
         choice = self.cfg.executor
         if choice == "auto":
             choice = "batched" if self.device.type == "cuda" else "sequential"
-        store = (lambda: self.client_store) if self.method.stateful_clients else None
+        store = None
+        if self.method.stateful_clients:  # rank 0 keeps the clients' state in the run folder, the others in memory
+            memory = MemoryStore()
+            store = (lambda: self.client_store) if self.team.owner else (lambda: memory)
         clients = LocalClients(self.x_train, self.y_train, self.parts, self.method.models, store)
-        return BatchedExecutor(clients) if choice == "batched" else SequentialExecutor(clients)
+        local = BatchedExecutor(clients) if choice == "batched" else SequentialExecutor(clients)
+        return DistributedExecutor(local, clients, self.team, self.method.family) if self.team.size > 1 else local
 
     def _who(self, level: int) -> str:
         """The devices of a level, for errors: its first client in round 1, if any."""
@@ -191,11 +213,13 @@ class Simulation:
 
     @classmethod
     def resume(cls, run_dir: str | Path, executor: ExecutorFactory | None = None,
-               on_round: Callable[[Simulation, dict], None] | None = None, device: str | None = None) -> Simulation:
-        """The experiment of ``run_dir`` restored at its last checkpoint (``executor``, ``on_round``: as for the
-        constructor). A folder holding only its config starts at round 1. ``device``: where it goes on (None: its
-        config's). The device is no part of the experiment (``checkpoint.same_config``), so a run an accelerator
-        began goes on on a CPU; ``segments`` says which hardware computed which rounds."""
+               on_round: Callable[[Simulation, dict], None] | None = None, device: str | None = None,
+               team: Team | None = None) -> Simulation:
+        """The experiment of ``run_dir`` restored at its last checkpoint (``executor``, ``on_round``, ``team``: as for
+        the constructor; the other ranks of a team call ``follow``). A folder holding only its config starts at
+        round 1. ``device``: where it goes on (None: its config's). The device is no part of the experiment
+        (``checkpoint.same_config``), so a run an accelerator began goes on on a CPU; ``segments`` says which
+        hardware computed which rounds. A run goes on with any number of processes: the rounds do not depend on it."""
         run_dir = Path(run_dir)
         config_path = run_dir / "config.json"
         if not run_dir.is_dir() or not config_path.exists():
@@ -207,7 +231,9 @@ class Simulation:
             payload = load_checkpoint(run_dir, cfg)
             history, partial = read_jsonl(run_dir / "metrics.jsonl")
             check_rounds(history, run_dir / "metrics.jsonl")
-            sim = cls(cfg, executor, on_round)
+            if team is not None and team.size > 1:
+                team.broadcast(cfg.to_dict())  # the other ranks' config (``follow``)
+            sim = cls(cfg, executor, on_round, team)
             if payload is not None:
                 checked_payload(payload, run_dir / "checkpoint" / "state.pt", cfg.rounds, sim.state.params)
         except BaseException:
@@ -236,6 +262,14 @@ class Simulation:
         if partial or len(sim.history) < len(history):  # a finished run's folder stays untouched
             write_jsonl(run_dir / "metrics.jsonl", sim.history)
         return sim
+
+    @classmethod
+    def follow(cls, team: Team, device: str | None = None) -> Simulation:
+        """Rank r > 0's part of a resumed run: the config of rank 0's run folder (``resume``), on ``device`` (None: the
+        config's); the state it goes on from arrives when the run starts (``run``)."""
+        values = team.broadcast(None)
+        cfg = config_from(values, source="rank 0's run folder", resolved=True).validate()
+        return cls(cfg if device is None else cfg.replace(device=device), team=team)
 
     @property
     def global_state(self) -> dict[str, torch.Tensor]:
@@ -315,6 +349,10 @@ class Simulation:
         client's level trains, on its own test split. Each sub-model is loaded, and its static BN
         statistics computed, once for both; a served model that is a truncation of another
         (``truncations``) is scored from the other's exit logits, which are its own.
+
+        In a team of processes each rank takes its share of the statistics' chunks, of the test batches
+        and of the clients; the parts are gathered and added in one process's order, so the scores are
+        that process's, exactly.
         """
         labels: dict[SubModel, list[str]] = {}
         for label, spec in self.method.eval_specs().items():
@@ -330,7 +368,8 @@ class Simulation:
         numbers = {spec: exit_numbers(self.eval_models.module(spec)) for spec in states}
         # a model is scored from another's test logits only where both are scored on the test set
         inside = truncations({s: states[s] for s in labels}, numbers, [s for s in labels if s not in clients])
-        out, accuracies, size = {}, [], self.cfg.eval_batch_size
+        out, local, size, team = {}, {}, self.cfg.eval_batch_size, self.team
+        batches = range(0, len(self.x_test), size)
         run = [spec for spec in states if spec not in inside]
         for i, spec in enumerate(run, start=1):
             if on_model:
@@ -338,45 +377,64 @@ class Simulation:
             model = self.eval_models.loaded(spec, states[spec])
             with self._statistics(model), serving(self.frozen_features):
                 if spec in labels:
-                    batches = exit_logits(model, self.x_test, size)
-                    result = exit_scores(batches, self.y_test, size, numbers[spec])
-                    out.update({label: result for label in labels[spec]})
-                    for inner, (outer, positions) in inside.items():  # scored from this model's logits, not run again
-                        if outer == spec:
-                            sub = [[logits[p] for p in positions] for logits in batches]
-                            out.update({label: exit_scores(sub, self.y_test, size, numbers[inner])
-                                        for label in labels[inner]})
-                for client in clients.get(spec, []):
-                    idx = self.client_test_parts[client]
+                    within = [(inner, positions) for inner, (outer, positions) in inside.items() if outer == spec]
+                    tallies = {spec: [], **{inner: [] for inner, _ in within}}
+                    for start in (batches[b] for b in team.share(len(batches))):
+                        logits, target = model(self.x_test[start:start + size]), self.y_test[start:start + size]
+                        tallies[spec].append(batch_tally(logits, target))
+                        for inner, positions in within:  # scored from this model's logits, not run again
+                            tallies[inner].append(batch_tally([logits[p] for p in positions], target))
+                    parts = team.gather(tallies)
+                    for scored, _ in tallies.items():
+                        result = tally_scores([t for part in parts for t in part[scored]], len(self.y_test),
+                                              numbers[scored])
+                        out.update({label: result for label in labels[scored]})
+                held = clients.get(spec, [])
+                for k in team.share(len(held)):
+                    idx = self.client_test_parts[held[k]]
                     scores = self.method.predict(model(self.x_train[idx]))
-                    accuracies.append((scores.argmax(1) == self.y_train[idx]).double().mean().item())
+                    local[(i, k)] = (scores.argmax(1) == self.y_train[idx]).double().mean().item()
+        if team.size > 1:
+            local = {key: acc for part in team.gather(local) for key, acc in part.items()}
+        accuracies = [local[key] for key in sorted(local)]  # one process's order: by model, then client
         order = {label: i for i, label in enumerate(self.method.eval_specs())}
         out = dict(sorted(out.items(), key=lambda kv: order[kv[0]]))
         return out, (sum(accuracies) / len(accuracies) if accuracies else None)
 
     def _statistics(self, model):
-        """Evaluation mode with static BatchNorm statistics of the training data (one rule for every method)."""
-        return static_batchnorm(model, self.x_bn)
+        """Evaluation mode with static BatchNorm statistics of the training data (one rule for every method), each
+        rank of a team computing its share of them."""
+        return static_batchnorm(model, self.x_bn, team=self.team)
 
     # ---- the loop ---------------------------------------------------------------------
     def run(self, progress: bool = True, stop_after: int | None = None) -> dict:
-        """Run the remaining rounds (up to ``stop_after``, for tests of resume); returns the summary."""
-        cfg = self.cfg
-        if self.run_dir is None:
+        """Run the remaining rounds (up to ``stop_after``, for tests of resume); returns the summary.
+
+        In a team of processes, rank 0 alone creates, writes and locks the run folder, shows progress and calls
+        ``on_round``; every rank starts from rank 0's state (its checkpoint's, after a resume).
+        """
+        cfg, owner = self.cfg, self.team.owner
+        if self.run_dir is None and owner:
             self.create_run_dir()
         release_warnings()  # set up: what it warned of is printed now, and what comes is printed as it comes
-        if self.start_round >= cfg.rounds and self.final_files_ok():
-            unlock_run_dir(self.run_dir)
+        finished = owner and self.start_round >= cfg.rounds and self.final_files_ok()
+        if self.team.size > 1:
+            finished = self._start_from_owner(finished)
+        if finished:
+            if owner:
+                unlock_run_dir(self.run_dir)
             return self.summary()
         if self.start_round < cfg.rounds:
             self.executor.prepare()
+            processes = {"processes": self.team.size} if self.team.size > 1 else {}
             self.segments.append({"from_round": self.start_round + 1, "elapsed_before": self.elapsed,
-                                  **describe(self.device)})  # machine.device_seconds splits the wall time by them
+                                  **describe(self.device), **processes})  # machine.device_seconds splits the time
         if self.frozen_features is not None:  # its time is the run's (none where an earlier run filled it)
             started = time.perf_counter()
             self.frozen_features.prepare(self.eval_models.module(spec) for spec in self.method.eval_specs().values())
             self.elapsed += time.perf_counter() - started
         last_checkpoint = time.monotonic()
+        progress = progress and owner
         bar = tqdm(range(self.start_round + 1, cfg.rounds + 1), initial=self.start_round, total=cfg.rounds,
                    desc=f"{cfg.method}", unit="round", disable=not progress, dynamic_ncols=True)
         def step(what: str) -> None:  # training and evaluating are the bar's steps: evaluation can take as long
@@ -386,6 +444,7 @@ class Simulation:
             started = time.perf_counter()
             step(f"round {t}, training")
             log = self.run_round(t)
+            crash_point("round-trained")  # every rank passes it (tests kill one rank of a team here)
             if t % cfg.eval_every == 0 or t == cfg.rounds:
                 log.eval, log.local_accuracy = self.evaluate(t, lambda model: step(f"round {t}, evaluating {model}"))
             bar.set_description_str(cfg.method, refresh=False)
@@ -393,24 +452,34 @@ class Simulation:
             self.elapsed += log.seconds
             record = log.__dict__
             self.history.append(record)
-            append_jsonl(self.run_dir / "metrics.jsonl", record)
-            crash_point("round-logged")
-            if self.checkpoint_due(t, time.monotonic() - last_checkpoint):
-                self.save_checkpoint(t)
-                last_checkpoint = time.monotonic()
+            if owner:
+                append_jsonl(self.run_dir / "metrics.jsonl", record)
+                crash_point("round-logged")
+                if self.checkpoint_due(t, time.monotonic() - last_checkpoint):
+                    self.save_checkpoint(t)
+                    last_checkpoint = time.monotonic()
             bar.set_postfix(_postfix(self.history, self.headline), refresh=False)
-            if self.on_round:
+            if self.on_round and owner:
                 self.on_round(self, record)
             if stop_after is not None and t >= stop_after:
                 bar.close()
                 return {}
         bar.close()
         summary = self.summary()
-        # the model first: a summary.json means the run is finished, for resume and the bench runner
-        atomic_torch_save({k: v.cpu() for k, v in self.state.params.items()}, self.run_dir / "final_model.pt")
-        atomic_write_json(self.run_dir / "summary.json", summary)
-        unlock_run_dir(self.run_dir)
+        if owner:  # the model first: a summary.json means the run is finished, for resume and the bench runner
+            atomic_torch_save({k: v.cpu() for k, v in self.state.params.items()}, self.run_dir / "final_model.pt")
+            atomic_write_json(self.run_dir / "summary.json", summary)
+            unlock_run_dir(self.run_dir)
         return summary
+
+    def _start_from_owner(self, finished: bool) -> bool:
+        """Every rank takes rank 0's state, round and elapsed time (a resumed run's checkpoint); returns rank 0's
+        ``finished`` (the run folder's final files are there: nothing left to do)."""
+        sent = (self.state.to_dict(), self.start_round, self.elapsed, finished) if self.team.owner else None
+        state, self.start_round, self.elapsed, finished = self.team.broadcast(sent)
+        if not self.team.owner:
+            self.state = ServerState.from_dict(state).to(self.device)
+        return finished
 
     def checkpoint_due(self, round_index: int, since_last: float) -> bool:
         """Whether to checkpoint after ``round_index``: every ``checkpoint_every`` rounds, after round 1 and

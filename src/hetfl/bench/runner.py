@@ -67,7 +67,7 @@ def load_preset(name_or_path: str) -> tuple[str, dict]:
     elif name_or_path in preset_names():
         text, name = resources.files("hetfl.presets").joinpath(f"{name_or_path}.toml").read_text(), name_or_path
     else:
-        special = ["speed", "throughput", "memory", "checkpoint", "chaos"]
+        special = ["speed", "throughput", "scaling", "memory", "checkpoint", "chaos", "flower", "suite", "jobs"]
         raise HetflError(f"bench preset '{name_or_path}' is unknown; choose one of: "
                          f"{', '.join(preset_names() + special)}, or give a .toml file")
     try:

@@ -53,6 +53,9 @@ stopped run keeps its last checkpoint (run folders survive ``kill -9``) and its 
 Then each preset whose runs are all finished gets its table, as ``hetfl bench PRESET`` writes it (every run
 taken from ``finished-runs.json``: nothing is trained after the budget); the others say how many runs they lack.
 
+**On several GPUs.** With ``--device cuda`` worker i (from 0) trains on ``cuda:{i mod the GPUs visible}``
+(``worker_device``), so the workers share every GPU of the machine; ``--device cuda:N`` keeps them all on N.
+
 **What counts as finished.** A run whose folder under the runs folder holds its summary; with ``--reuse-saved``
 also a run that a preset's results folder already holds (its ``summaries.json`` or ``finished-runs.json``, by
 run folder name, as ``hetfl bench PRESET --reuse-saved`` takes them). A job on a fresh machine then trains
@@ -94,7 +97,8 @@ ROUND_NEUTRAL = frozenset({"seed", "rounds", "lr", "lr_schedule", "lr_steps", "l
                            "weight_decay", "clip_grad", "clip_value", "partition", "alpha", "classes_per_client",
                            "min_client_size", "target_accuracy", "checkpoint_every", "checkpoint_seconds",
                            "round_timeout", "out", "name", "device", "data_dir"})
-NOT_PRESETS = ("speed", "memory", "checkpoint", "chaos", "flower", "throughput", "suite")  # benchmarks of their own
+# benchmarks of their own
+NOT_PRESETS = ("speed", "memory", "checkpoint", "chaos", "flower", "throughput", "scaling", "suite", "jobs")
 
 
 def stop_margin(budget: float) -> float:
@@ -128,18 +132,20 @@ class Job:
 
 
 def load_suite(presets: list[str], out: str | None, runs_root: Path, overrides: dict,
-               seeds: list[int] | None) -> list[PresetRuns]:
-    """The named presets with their validated configs; raises HetflError before anything is written."""
+               seeds: list[int] | None, command: str = "bench suite") -> list[PresetRuns]:
+    """The named presets with their validated configs; raises HetflError (its message begins with ``command``)
+    before anything is written."""
     if not presets:
-        raise HetflError("bench suite: name at least one preset, e.g. hetfl bench suite demo --time-budget 600")
+        example = "--time-budget 600" if command == "bench suite" else ""
+        raise HetflError(f"{command}: name at least one preset, e.g. hetfl {command} demo {example}")
     suite: list[PresetRuns] = []
     for given in presets:
         if given in NOT_PRESETS:
-            raise HetflError(f"bench suite runs presets; '{given}' is a benchmark of its own: hetfl bench {given}")
+            raise HetflError(f"{command} takes presets; '{given}' is a benchmark of its own: hetfl bench {given}")
         name, preset = load_preset(given)
         out_dir = Path(out) / name if out else Path("results") / name
         if any(p.out_dir == out_dir for p in suite):
-            raise HetflError(f"bench suite: preset '{name}' is named twice (its results go to {out_dir}); name it once")
+            raise HetflError(f"{command}: preset '{name}' is named twice (its results go to {out_dir}); name it once")
         suite.append(PresetRuns(name, given, out_dir, _named_configs(preset, overrides, seeds, runs_root),
                                 _saved_by_label(preset, overrides, out_dir, runs_root)))
     return suite
@@ -392,11 +398,19 @@ def _saved(suite: list[PresetRuns], jobs: list[Job]) -> dict[str, dict]:
     return {job.cfg.name: at_target(saved[job.cfg.name], job.cfg) for job in jobs if job.cfg.name in saved}
 
 
+def worker_device(device: str, worker: int, gpus: int) -> str:
+    """The device worker ``worker`` (0, 1, ...) trains on: plain ``cuda`` spreads the workers over the ``gpus``
+    visible GPUs (``cuda:{worker mod gpus}``); ``cuda:N`` pins every worker to N, and any other device is kept."""
+    if device != "cuda" or gpus < 1:
+        return device
+    return f"cuda:{worker % gpus}"
+
+
 def _work(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, threads: int, progress: bool,
           worker: int, known: dict[str, dict]) -> None:
     """A worker process: trains every run of ``todo`` it can claim whose estimate (from all the suite's ``jobs``
     and the runs ``known`` finished) fits before ``stop_at`` (time.monotonic, one clock for every process of the
-    machine)."""
+    machine), on its share of the GPUs (``worker_device``)."""
     import torch
 
     # SIGTERM ends the worker as an exit would (locks released, its semaphores unregistered) at the next
@@ -407,10 +421,12 @@ def _work(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, thr
     threading.Thread(target=_stop_with_parent, daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the suite process, which stops the workers
     torch.set_num_threads(threads)
+    # counted here, in the spawned worker (CUDA_VISIBLE_DEVICES applies): the suite process never touches CUDA
+    gpus = torch.cuda.device_count() if any(device_type(j.cfg.device) == "cuda" for j in todo) else 0
     deferred: list[Job] = []  # runs that cannot finish in time but can reach their next checkpoint: after the others
     for partial, runs in ((False, todo), (True, deferred)):
         for job in runs:
-            _train_if_it_fits(job, jobs, runs_root, stop_at, known, deferred, partial, progress, worker)
+            _train_if_it_fits(job, jobs, runs_root, stop_at, known, deferred, partial, progress, worker, gpus)
 
 
 def _stop_with_parent() -> None:
@@ -421,10 +437,11 @@ def _stop_with_parent() -> None:
 
 
 def _train_if_it_fits(job: Job, jobs: list[Job], runs_root: Path, stop_at: float, known: dict[str, dict],
-                      deferred: list[Job], partial: bool, progress: bool, worker: int) -> None:
-    """Returns None; trains ``job``'s run if this worker gets its lock and it fits before ``stop_at``: whole, or
-    (``partial``) up to its next checkpoint, so that a run longer than any budget still advances; a run that only
-    fits that way the first time is put on ``deferred``."""
+                      deferred: list[Job], partial: bool, progress: bool, worker: int, gpus: int = 0) -> None:
+    """Returns None; trains ``job``'s run if this worker (1, 2, ...) gets its lock and it fits before ``stop_at``:
+    whole, or (``partial``) up to its next checkpoint, so that a run longer than any budget still advances; a run
+    that only fits that way the first time is put on ``deferred``. Plain ``cuda`` runs on the worker's share of the
+    ``gpus`` (``worker_device``)."""
     cfg, where = job.cfg, f"{job.labels[0][0]} {job.labels[0][1]}, seed {job.cfg.seed}"
     with run_lock(cfg, wait=False) as mine:
         if not mine:
@@ -442,11 +459,13 @@ def _train_if_it_fits(job: Job, jobs: list[Job], runs_root: Path, stop_at: float
                       + (f"its estimated {need:.0f} s" if need is not None else "a run's start"), flush=True)
                 return
         done = _checkpoint_round(runs_root / cfg.name)
+        device = worker_device(cfg.device, worker - 1, gpus)  # the device is no part of the run (its folder's name)
         print(f"[suite {worker}] {where}: {runs_root / cfg.name}"
+              + (f" on {device}" if device != cfg.device else "")
               + (f", resumed after round {done}" if done else "")
               + (f", estimated {need:.0f} s" if need is not None else ", no estimate"), flush=True)
         try:
-            summary = run_one(cfg, progress)
+            summary = run_one(cfg.replace(device=device), progress)
         except HetflError as e:  # this run's problem (say a live `hetfl run --resume` of it): go on
             print(f"hetfl: error: {where}: {e}", flush=True)
             return

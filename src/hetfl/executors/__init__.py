@@ -4,6 +4,7 @@ The round loop (``sim.Simulation``) plans the jobs, checks the replies and aggre
 clients' work gets done is the executor's: ``sequential`` (one client after another, in this
 process), ``batched`` (clients that share a sub-model and a step schedule stacked under
 ``torch.func.vmap``), ``flower`` (every client on a SuperNode: ``flower.deployment``).
+``DistributedExecutor`` shares a round among the processes of a run, each with its local executor;
 ``FaultInjection`` wraps any of them. An executor may also know a client's own budget (a node that
 states it), wait for its clients before the first round, and checkpoint state of its own.
 """
