@@ -382,6 +382,8 @@ def parse_counts(text: str) -> list[int]:
 
 def cmd_bench(args) -> int:
     seeds = check_bench_args(args)
+    if args.processes is not None and args.preset != "scaling":
+        raise HetflError("bench: --processes is an option of hetfl bench scaling")
     if args.preset == "suite":
         return cmd_bench_suite(args, seeds)
     if args.preset == "jobs":
@@ -413,8 +415,6 @@ def cmd_bench(args) -> int:
         print(run_scaling(counts, repeats=3 if args.repeats is None else args.repeats, rounds=args.rounds or 4,
                           device=args.device or "cpu", progress=not args.quiet))
         return 0
-    if args.processes is not None:
-        raise HetflError("bench: --processes is an option of hetfl bench scaling")
     if args.preset == "throughput":
         from .bench.throughput import run_throughput
 
