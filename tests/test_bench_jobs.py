@@ -181,3 +181,27 @@ def test_a_suite_worker_trains_on_its_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(suite, "_record_finished", lambda *args: None)
     suite._train_if_it_fits(job, [job], tmp_path, time.monotonic() + 600, {}, [], False, False, worker=2, gpus=2)
     assert asked == ["cuda:1"]
+
+
+@pytest.mark.soak  # one round of the demo's three runs: minutes on 2 cores
+def test_the_demo_presets_lines_run_one_by_one_then_its_table_from_them(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    def hetfl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hetfl", *args], capture_output=True, text=True, check=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    lines = hetfl("bench", "jobs", "demo", "--runs-dir", str(runs), "--out", str(out), "--rounds", "1").stdout
+    lines = lines.splitlines()
+    labels = [run["label"] for run in load_preset("demo")[1]["runs"]]
+    assert len(lines) == len(labels)
+    for line in lines:
+        hetfl(*shlex.split(line)[1:])
+    trained = run_folders(runs)
+    hetfl("bench", "demo", "--reuse-saved", "--out", str(out / "demo"), "--runs-dir", str(runs), "--rounds", "1",
+          "--quiet")
+    table = (out / "demo" / "table.md").read_text()
+    assert all(label in table for label in labels) and run_folders(runs) == trained

@@ -94,3 +94,37 @@ def save_figure(fig, path: str | Path) -> None:
         write_then_rename(path, lambda tmp: fig.savefig(tmp, format=fmt))
     except OSError as e:
         raise HetflError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def plot_levels(levels: dict[str, list[dict]], path: str | Path, title: str = "") -> None:
+    """Write a PNG of each level's model (``bench.levels``): per level a bar per run (the mean accuracy over seeds,
+    whiskers min..max), labelled with the width and depth ratios the model keeps (ScaleFL Figure 2); runs whose
+    labels end in the same parenthesised setting ("(alpha 1)") share a panel."""
+    groups: dict[str, list[str]] = {}
+    for label in levels:
+        closing = re.search(r"\(([^()]*)\)\s*$", label)
+        groups.setdefault(closing.group(1) if closing else "", []).append(label)
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), dpi=120, sharey=True, squeeze=False)
+    for ax, (panel, labels) in zip(axes.flat, groups.items()):
+        width = 0.8 / len(labels)
+        for k, label in enumerate(labels):
+            rows = [r for r in levels[label] if r["accuracies"]]
+            x = np.array([r["level"] for r in rows]) - 0.4 + width * (k + 0.5)
+            acc = [100 * np.array(r["accuracies"]) for r in rows]
+            means = np.array([a.mean() for a in acc])
+            spread = np.array([[m - a.min() for m, a in zip(means, acc)], [a.max() - m for m, a in zip(means, acc)]])
+            name = re.sub(r"\s*\([^()]*\)\s*$", "", label) if panel else label
+            ax.bar(x, means, width, yerr=spread, capsize=2, label=name)
+            for xi, r in zip(x, rows):  # inside the bar's foot, clear of the whiskers
+                ax.annotate(f"w{r['width']:.2f}\nd{r['depth']:.2f}", (xi, 0), xytext=(0, 3), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=6, color="white")
+        ax.set_xticks(sorted({r["level"] for rows in levels.values() for r in rows}))
+        ax.set_xlabel("level (its model: w = width ratio, d = depth ratio of the global model)")
+        ax.set_title(panel, fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # clear of the bars
+    axes[0, 0].set_ylabel("accuracy of the level's model (%)")
+    fig.suptitle(textwrap.fill(title, 70 * len(groups)), fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)

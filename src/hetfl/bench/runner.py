@@ -7,7 +7,8 @@ A preset is a TOML file:
   that differ;
 * ``[report]`` (optional): ``models = true`` adds a table of every evaluated model of every run
   (the levels' and widths' sub-models), ``costs = true`` adds their parameters, MACs and CPU
-  latency to it, measured one after the other in this process;
+  latency to it, measured one after the other in this process; ``levels = true`` adds each level's
+  model, its width and depth ratios and its accuracy, as a table and ``levels.png`` (``bench.levels``);
 * ``[[claims]]`` (optional): a paper's claim checked on the results: ``claim`` (text) and one of
   ``better`` + ``worse`` (labels; a list on one side for "every one of"), ``better`` +
   ``at_least`` (a threshold), or ``gain`` + ``exceeds_gain`` (two pairs of labels); ``metric``
@@ -45,7 +46,7 @@ from ..checkpoint import has_checkpoint
 from ..config import Config
 from ..methods import config_from, load_config
 from ..errors import HetflError, read_text_file
-from ..plots import plot_curves
+from ..plots import plot_curves, plot_levels
 from ..report import as_list, bench_report, rounds_to_target
 from ..rundir import RunDirBusy, atomic_write_text
 from ..sim import Simulation
@@ -289,6 +290,14 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
                         *(f"--{k} {v}" for k, v in (overrides or {}).items())])
     report = bench_report(preset, results, command, models=options.get("models", False) or costs is not None,
                           costs=costs, missing=missing, pilots=pilots_of(name, out_dir.parent / PILOTS))
+    if options.get("levels"):  # each level's model (ScaleFL Figure 2): levels.png and its numbers
+        from .levels import level_accuracies, levels_table
+
+        levels = level_accuracies(resolved, results)
+        plot_levels(levels, out_dir / "levels.png", title=f"{preset.get('title', name)}: each level's model")
+        report += ("\n\n## Each level's model\n\nThe model each level trains, the shares of the global model's width "
+                   "and blocks it keeps, and its final accuracy on the global test set ([levels.png](levels.png); "
+                   "ScaleFL Figure 2).\n\n" + levels_table(levels) + "\n")
     atomic_write_text(out_dir / "table.md", report)
     print(report)
     return out_dir

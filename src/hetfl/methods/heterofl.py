@@ -2,7 +2,8 @@
 
 * Sec. 3.1 - a client of level j trains the leading ``r_j`` share of the channels of every layer
   (image channels and classes kept), r_j from ``widths`` (default 1/4, 2/4, 3/4, 1 as in DepthFL)
-  -> ``plan`` with ``scaling = width``; every tensor is the leading corner of the global one.
+  -> ``plan`` with ``scaling = width``; every tensor is the leading corner of the global one, but for
+  dense layers' inputs (MSDNet), which keep the leading share of every concatenated chunk (``slicing``).
 * Sec. 3.1 - aggregation: each element averaged over the clients that hold it -> ``MaskedMean``.
 * Sec. 3.2 - Scaler (``scaler``: activations divided by r_j in training) and static BN
   (statistics computed on the training data before inference: hetfl's rule for every method).

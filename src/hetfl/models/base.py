@@ -4,7 +4,10 @@ A model is a stem, an ordered list of blocks and a list of exits; exit i reads t
 block ``exit_after[i]``. A depth-d model holds ``blocks[:d]`` and the exits that read them, under
 the same parameter names as the global model, so depth slicing is a subset of names. A width-r
 model is the same architecture built with ``ceil(r * channels)`` channels; every tensor of it is
-the leading corner of the global tensor of the same name, so width slicing is a corner slice.
+the leading corner of the global tensor of the same name, so width slicing is a corner slice,
+except where a layer reads a concatenation of earlier layers' outputs (MSDNet's dense layers,
+``models.chunks``): there a width keeps the leading share of every concatenated chunk
+(``slicing.SubModel.chunks``).
 """
 
 from __future__ import annotations
