@@ -23,7 +23,8 @@ DIGITS = ["--dataset", "digits", "--model-width", "0.25", "--num-clients", "12",
 
 
 def rank_env(rank: int, size: int, port: int, **extra) -> dict:
-    """The environment a launcher gives rank ``rank`` of ``size`` (one thread, as ``hetfl run --processes`` on 2 cores)."""
+    """The environment a launcher gives rank ``rank`` of ``size`` (one thread: ``hetfl run --processes 2`` on 2
+    cores)."""
     return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **extra}
 
@@ -154,8 +155,10 @@ def test_a_lost_rank_stops_its_peer_within_the_rank_timeout_naming_it(tmp_path, 
     crash = {"HETFL_CRASH_AT": "round-trained:2"} if how == "killed" else {}
     owner, peer = start_ranks(2, command, [{}, crash])
     if how == "hung":
-        while not list(tmp_path.glob("*/metrics.jsonl")) or not only_run(tmp_path).joinpath("metrics.jsonl").read_text():
+        metrics = tmp_path.glob("*/metrics.jsonl")
+        while not any(path.read_text() for path in metrics):  # rank 1 is mid-run: round 1 logged
             time.sleep(0.2)
+            metrics = tmp_path.glob("*/metrics.jsonl")
             assert owner.poll() is None
         peer.send_signal(signal.SIGSTOP)
     else:
@@ -208,9 +211,12 @@ def test_two_machines_on_loopback_give_one_process_weights(tmp_path):
     assert_same_weights(only_run(tmp_path / "one"), only_run(tmp_path / "two"))
 
 
+COUNTS = "bench scaling: --processes takes comma-separated counts of at least 1, e.g. 1,2,4; got"
+
+
 @pytest.mark.parametrize("args, why", [
-    (["--processes", "0,2"], "bench scaling: --processes takes comma-separated counts of at least 1, e.g. 1,2,4; got '0,2'"),
-    (["--processes", "two"], "bench scaling: --processes takes comma-separated counts of at least 1, e.g. 1,2,4; got 'two'"),
+    (["--processes", "0,2"], f"{COUNTS} '0,2'"),
+    (["--processes", "two"], f"{COUNTS} 'two'"),
     (["--rounds", "2"], "bench scaling: --rounds must be at least 3 (a warm-up, a timed and an evaluated round), got 2"),
 ])
 def test_bench_scaling_refuses_bad_counts_and_horizons_with_one_line(args, why):

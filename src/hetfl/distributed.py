@@ -144,7 +144,8 @@ def join(rank_timeout: float = RANK_TIMEOUT) -> Team:
         address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     except (KeyError, ValueError) as e:
         raise HetflError(f"WORLD_SIZE is set but the launcher's environment is incomplete or wrong ({e}); start the "
-                         f"processes with torchrun or hetfl run --processes, which set {', '.join(LAUNCH_ENV)}") from None
+                         f"processes with torchrun or hetfl run --processes, which set {', '.join(LAUNCH_ENV)}"
+                         ) from None
     torch.distributed.init_process_group("gloo", init_method="env://", rank=rank, world_size=size,
                                          timeout=COLLECTIVE_TIMEOUT)
     watchdog = Watchdog(rank, size, address, port, rank_timeout)
@@ -229,8 +230,8 @@ def free_port() -> int:
 
 def launch(processes: int, argv: list[str], rank_timeout: float = RANK_TIMEOUT) -> int:
     """Runs ``hetfl ARGV`` as ``processes`` ranks on this machine (each with cores / processes threads unless
-    OMP_NUM_THREADS says otherwise) and returns the exit code: 0, or the first failed rank's. When a rank fails, the others get the
-    watchdog's time to end with their own line, and are then stopped."""
+    OMP_NUM_THREADS says otherwise) and returns the exit code: 0, or the first failed rank's. When a rank fails,
+    the others get the watchdog's time to end with their own line, and are then stopped."""
     port = free_port()
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // processes))
     children = []

@@ -71,7 +71,8 @@ def exit_scores(batches: list[list[torch.Tensor]], y: torch.Tensor, batch_size: 
 
 
 def batch_tally(logits: list[torch.Tensor], target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a batch adds to a model's scores: the hits of each exit and of the ensemble, and the last exit's summed CE."""
+    """What a batch adds to a model's scores: the hits of each exit and of the ensemble, and the last exit's summed
+    CE."""
     outputs = logits + [ensemble_logits(logits)]
     hits = torch.stack([(o.argmax(1) == target).sum() for o in outputs])
     return hits, F.cross_entropy(logits[-1], target, reduction="sum")
@@ -131,7 +132,8 @@ def static_batchnorm(model: nn.Module, x: torch.Tensor, chunk: int = STATS_CHUNK
             if team is not None and team.size > 1:
                 every = team.gather([moments[m] for m in layers])
                 for j, m in enumerate(layers):
-                    moments[m][:] = [(n, mean.to(x.device), var.to(x.device)) for part in every for n, mean, var in part[j]]
+                    moments[m][:] = [(n, mean.to(x.device), var.to(x.device))
+                                     for part in every for n, mean, var in part[j]]
         for m in layers:
             del m.forward
             mean, var = _pooled_moments(moments[m])

@@ -385,7 +385,7 @@ class Simulation:
                         for inner, positions in within:  # scored from this model's logits, not run again
                             tallies[inner].append(batch_tally([logits[p] for p in positions], target))
                     parts = team.gather(tallies)
-                    for scored, _ in tallies.items():
+                    for scored in tallies:
                         result = tally_scores([t for part in parts for t in part[scored]], len(self.y_test),
                                               numbers[scored])
                         out.update({label: result for label in labels[scored]})

@@ -90,7 +90,8 @@ class DistributedExecutor(Executor):
                 store.states = {c: s for c, s in states.items() if s is not None}
         local, measured = {}, []
         started = time.perf_counter()
-        # the local executors reply in job order; a batched one replies to a group at once (its first job bears the time)
+        # the local executors reply in job order; a batched one replies to a group at once (its first job bears its
+        # time)
         for i, (_, reply) in zip(mine, self.inner.execute((jobs[i] for i in mine), round_index)):
             local[i] = reply
             finished = time.perf_counter()
