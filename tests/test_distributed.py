@@ -71,6 +71,14 @@ def test_shares_are_contiguous_in_rank_order_and_differ_by_at_most_one():
             assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
+def test_plain_cuda_gives_each_rank_a_gpu_in_turn_and_an_index_pins_them(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    ranks = [Team(rank=r, size=3, local_rank=r) for r in range(3)]
+    assert [str(t.device(torch.device("cuda"))) for t in ranks] == ["cuda:0", "cuda:1", "cuda:0"]  # 2 share cuda:0
+    assert {str(t.device(torch.device("cuda:1"))) for t in ranks} == {"cuda:1"}
+    assert str(Team().device(torch.device("cuda"))) == "cuda"  # one process: the config's device as given
+
+
 def test_longest_jobs_first_onto_the_least_loaded_rank():
     class Fixed(DistributedExecutor):
         def cost(self, job):
