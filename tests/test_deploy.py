@@ -267,6 +267,10 @@ def test_warm_workers_give_the_simulators_weights_and_end_with_their_owner(deplo
     folders = [tmp_path / f"node-{k}" / "worker" for k in range(3)]
     for folder in folders:  # one worker per node served both rounds
         assert len(worker_pids(folder)) == 1 and len(worker_lines(folder, "trained in")) == 2
+        for line in worker_lines(folder, "trained in"):  # where each message's time went (bench flower reads it)
+            phases = json.loads(line.split("; phases ", 1)[1])
+            assert {"receive+parse", "state-read", "train", "train-cpu", "state-write", "serialise"} <= set(phases)
+            assert all(v >= 0 for v in phases.values()) and phases["train"] <= float(line.split()[5])
         assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
     owner.kill()
     owner.wait()  # reaped: a zombie's pid would still answer

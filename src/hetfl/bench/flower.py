@@ -93,6 +93,8 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -
                 if label == "warm":  # the floor on the same SuperLink and SuperNodes
                     floor = run_floor(federation, nodes, cfg.rounds, train_cpu_seconds, arrays, cfg.round_timeout)
                 runs[label] = _hetfl(federation, cfg.replace(name=f"flower-{label}"))
+                if label == "warm":
+                    phases = worker_phases(federation.root, nodes)
 
     figures = {
         "rounds": cfg.rounds, "clients_per_round": nodes, "cores": cores(), "floor_train_cpu_seconds": train_cpu_seconds,
@@ -100,6 +102,7 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -
         "round_s": {"simulator": sim_round, "floor": steady_rounds(floor["seconds"], [False] * len(floor["seconds"])),
                     **{k: v["round"] for k, v in runs.items()}},
         "floor_wire_bytes_per_round": statistics.mean(floor["bytes_up"]),  # as much went down (an echo)
+        "worker_phases_s": phases,
     }
     for way in ("down", "up"):  # as the warm run's rounds counted them: serialised, and the local tensors' sizes
         figures[f"wire_bytes_{way}_per_round"] = statistics.mean(r[f"wire_bytes_{way}"] for r in runs["warm"]["history"])
@@ -109,6 +112,19 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -
                                          for k in runs}
     report(figures)
     return figures
+
+
+def worker_phases(root: Path, nodes: int) -> dict[str, list[float]]:
+    """Each phase's seconds (``flower.worker.handle``'s log line) over the warm messages of the nodes' workers under
+    ``root`` (``node_configs``' state folders), each worker's first message left out (it builds the trainer)."""
+    found: dict[str, list[float]] = {}
+    for k in range(nodes):
+        log = root / f"node-{k}" / "worker" / "worker.log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        for line in [line for line in lines if "; phases " in line][1:]:
+            for name, seconds in json.loads(line.split("; phases ", 1)[1]).items():
+                found.setdefault(name, []).append(seconds)
+    return found
 
 
 def run_floor(federation, nodes: int, rounds: int, train_cpu_seconds: float, arrays: dict, timeout: float) -> dict:
@@ -170,6 +186,14 @@ def report(figures: dict) -> None:
         print(f"bytes {way} per round: {wire:,.0f} on the wire, {local:,.0f} in the local tensors "
               f"(+{100 * (wire / local - 1):.3f}%: a header per tensor)")
     print(f"Flower's floor: {figures['floor_wire_bytes_per_round']:,.0f} bytes on the wire per round, each way")
+    phases = figures["worker_phases_s"]
+    if phases:
+        count = len(next(iter(phases.values())))
+        print(f"a warm message in its node's worker, median [min..max] over {count} messages (s): " + ", ".join(
+            f"{name} {statistics.median(v):.3f} [{min(v):.3f}..{max(v):.3f}]" for name, v in phases.items()))
+        print(f"training CPU per message: {statistics.median(phases['train-cpu']):.2f} s in the workers ({nodes} at "
+              f"once on {figures['cores']} cores), {figures['floor_train_cpu_seconds']:.2f} s in the simulator alone "
+              "(what the floor burns)")
     verdict = "met" if overhead["warm"] <= GOAL_PER_MESSAGE_S else "NOT met"
     print(f"hetfl's overhead per message with warm workers: {overhead['warm']:.2f} s (goal <= {GOAL_PER_MESSAGE_S} s: "
           f"{verdict}); cold ClientApps: {overhead['cold']:.2f} s")

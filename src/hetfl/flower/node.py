@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,6 +84,20 @@ class OwnStates:
                 path.unlink(missing_ok=True)
 
 
+class Phases:
+    """Wall seconds between laps, by name (a message's breakdown)."""
+
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        """Returns None; the seconds since the last lap go to ``name``."""
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
+        self.last = now
+
+
 class NodeTrainer:
     """A node's training of its ``train`` messages, holding its client's samples and the sub-model objects
     (``ModelCache``) across messages; the client's own state is read from and written to the node's disk every
@@ -92,14 +107,18 @@ class NodeTrainer:
         self.node = node
         self.samples: dict[str, ClientData] = {}
         self.models: dict[tuple, ModelCache] = {}
+        self.phases: dict[str, float] = {}  # the last message's seconds per phase (the warm worker logs them)
 
     def train(self, content: RecordDict) -> RecordDict:
         """The reply content to a ``train`` message's ``content``: the client's update of its task."""
         from .wire import read_work, reply_content
 
+        clock = Phases()
         work = read_work(content)
         task = work.task
+        clock.lap("unpack")
         data = self.client_data(task.client, work.data)
+        clock.lap("data")
         if tuple(data.x.shape[1:]) != tuple(task.family.input_shape):
             raise ValueError(f"this node's samples have shape {tuple(data.x.shape[1:])}, the run's model takes "
                              f"{tuple(task.family.input_shape)}")
@@ -107,12 +126,21 @@ class NodeTrainer:
         if key not in self.models:
             self.models[key] = ModelCache(family_of(task.family), data.x.device, scaler=task.scaler)
         states = OwnStates(self.node.state_root, work.run, task.client)
-        update, own = client_update(work.local, task, data, states.load(work.state_round), self.models[key])
+        own = states.load(work.state_round)
+        clock.lap("state-read")
+        cpu = time.process_time()
+        update, own = client_update(work.local, task, data, own, self.models[key])
+        clock.lap("train")
+        clock.phases["train-cpu"] = time.process_time() - cpu
         if own is not None:
             states.save(task.round, own, work.keep_round)
+        clock.lap("state-write")
         if self.node.corrupt:
             update = corrupt(update, self.node.corrupt)
-        return reply_content(update)
+        reply = reply_content(update)
+        clock.lap("pack")
+        self.phases = clock.phases
+        return reply
 
     def client_data(self, client: int, data: dict) -> ClientData:
         """``client_data``, kept in memory after the first message."""

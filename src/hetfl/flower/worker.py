@@ -273,24 +273,35 @@ def handle(conn: socket.socket, folder: Path, trainers: dict) -> None:
     if peer_uid(conn) not in (None, os.getuid()):
         log(folder, f"worker {os.getpid()}: refused a connection from uid {peer_uid(conn)}")
         return
+    started = time.perf_counter()
     try:
         header = json.loads(recv_frame(conn))
+        received = time.perf_counter()
         content = parse_content(recv_frame(conn))
     except (ConnectionError, OSError, ValueError):
         return  # the shim went away before it sent its request
-    started = time.perf_counter()
+    parsed = time.perf_counter()
     try:
         key = json.dumps(header["node"], sort_keys=True)
         if key not in trainers:
             trainers[key] = NodeTrainer(NodeIdentity.from_config(header["node"]))
-        reply = recorddict_to_proto(trainers[key].train(content)).SerializeToString()
+        ready = time.perf_counter()
+        answer = trainers[key].train(content)
+        trained = time.perf_counter()
+        reply = recorddict_to_proto(answer).SerializeToString()
     except Exception as e:  # noqa: BLE001 -- the shim raises it, as a cold ClientApp would
         message = f"{type(e).__name__}: {e}"
         log(folder, f"worker {os.getpid()}: failed: {message}")
         _send_quietly(conn, json.dumps({"error": message}).encode())
         return
-    log(folder, f"worker {os.getpid()}: trained in {time.perf_counter() - started:.2f} s")
+    done = time.perf_counter()
     _send_quietly(conn, b"{}", reply)
+    # where a warm message's time goes (``bench flower`` reads these lines): the request's frames, the node's
+    # trainer made (first message), its phases (``NodeTrainer.phases``), the reply's protobuf and its sending
+    phases = {"header": received - started, "receive+parse": parsed - received, "setup": ready - parsed,
+              **trainers[key].phases, "serialise": done - trained, "reply": time.perf_counter() - done}
+    log(folder, f"worker {os.getpid()}: trained in {done - started:.2f} s; phases "
+        + json.dumps({k: round(v, 4) for k, v in phases.items()}))
 
 
 def _send_quietly(conn: socket.socket, *frames: bytes) -> None:
