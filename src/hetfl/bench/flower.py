@@ -67,10 +67,10 @@ def cores() -> int:
 
 def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -> dict:
     """The figures of the bench (also printed); runs go to ``out`` (default: a temporary folder, removed)."""
-    from ..flower.deploy import node_configs
+    from ..flower.deploy import node_configs, sigterm_interrupts
     from ..flower.federation import Federation
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with sigterm_interrupts(), tempfile.TemporaryDirectory() as tmp:
         folder = Path(out or tmp)
         folder.mkdir(parents=True, exist_ok=True)
         cfg = bench_config(folder, nodes, max(rounds, 3))
