@@ -78,12 +78,17 @@ class RoundLog:
     server: dict | None = None  # what the server did beyond averaging (Method.server_log; FedDF: its distillation)
 
 
-def resolve_device(name: str) -> torch.device:
-    """The torch device called ``name``; an error if it is not available here."""
+def device_named(name: str) -> torch.device:
+    """The torch device called ``name``, whether or not this machine has it; HetflError for a name torch refuses."""
     try:
-        device = torch.device(name)
+        return torch.device(name)
     except RuntimeError:
         raise HetflError(f"device '{name}' is not a torch device; use cpu, cuda or cuda:N") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device called ``name``; an error if it is not available here."""
+    device = device_named(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise HetflError(f"device '{name}' asked for but CUDA is not available on this machine; use --device cpu")
     return device

@@ -20,6 +20,7 @@ import shlex
 from pathlib import Path
 
 from ..errors import HetflError
+from ..sim import device_named
 from .runner import _named_configs, load_preset, run_lock, run_one
 from .suite import PresetRuns, _finished, _saved, load_suite, suite_jobs
 
@@ -32,7 +33,7 @@ def missing_jobs(presets: list[str], out: str | None = None, runs_dir: str | Non
     nothing; HetflError for a bad preset, option or device name."""
     overrides = overrides or {}
     if "device" in overrides:
-        check_device_name(overrides["device"])  # a name only: the jobs run on another machine
+        device_named(overrides["device"])  # a name only: the jobs run on another machine
     runs_root = Path(runs_dir or Path("runs") / "bench").absolute()
     suite = load_suite(presets, out, runs_root, overrides, seeds, command="bench jobs")
     jobs = suite_jobs(suite)
@@ -65,16 +66,6 @@ def table_command(p: PresetRuns, runs_dir: str | None, seeds: list[int] | None, 
              *(["--seeds", ",".join(map(str, seeds))] if seeds else []),
              *(["--rounds", str(overrides["rounds"])] if "rounds" in overrides else [])]
     return shlex.join(["hetfl", "bench", p.given, *flags, "--reuse-saved"])
-
-
-def check_device_name(device: str) -> None:
-    """Returns None; HetflError unless ``device`` names a torch device (whether this machine has it is not asked)."""
-    import torch
-
-    try:
-        torch.device(device)
-    except RuntimeError:
-        raise HetflError(f"device '{device}' is not a torch device; use cpu, cuda or cuda:N") from None
 
 
 def run_label(name_or_path: str, label: str, runs_dir: str | None = None, overrides: dict | None = None,

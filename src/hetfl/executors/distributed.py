@@ -52,15 +52,14 @@ class DistributedExecutor(Executor):
         self.shares: list[float] = []  # each rank's estimated work in the last round (tests, bench scaling)
 
     def cost(self, job: Job) -> float:
-        """The job's estimated work: samples x epochs x MACs per sample, in measured seconds where known."""
-        work = len(self.clients.parts[job.client]) * job.task.train.epochs * self.macs(job)
+        """The job's estimated work (``work``), in measured seconds where its sub-model's pace is known."""
         known = list(self.pace.values())
-        pace = self.pace.get(job.task.spec, sum(known) / len(known) if known else 1.0)
-        return work * pace
+        return self.work(job) * self.pace.get(job.task.spec, sum(known) / len(known) if known else 1.0)
 
-    def macs(self, job: Job) -> float:
-        """MACs per sample of the job's sub-model (measured once per sub-model and process)."""
-        return float(max(measure(self.family, job.task.spec).macs, 1))
+    def work(self, job: Job) -> float:
+        """Samples x epochs x MACs per sample of the job's sub-model (measured once per sub-model and process)."""
+        macs = max(measure(self.family, job.task.spec).macs, 1)
+        return float(len(self.clients.parts[job.client]) * job.task.train.epochs * macs)
 
     def assign(self, jobs: list[Job]) -> list[int]:
         """The rank that trains each job: longest processing time first onto the least-loaded rank (ties: the lower
@@ -112,9 +111,7 @@ class DistributedExecutor(Executor):
         """Keeps each sub-model's seconds per (sample x epoch x MAC) measured this round (every rank the same)."""
         per_spec: dict = {}
         for i, seconds in measured:
-            job = jobs[i]
-            work = len(self.clients.parts[job.client]) * job.task.train.epochs * self.macs(job)
-            per_spec.setdefault(job.task.spec, []).append(seconds / max(work, 1.0))
+            per_spec.setdefault(jobs[i].task.spec, []).append(seconds / self.work(jobs[i]))
         for spec, paces in per_spec.items():
             self.pace[spec] = sum(paces) / len(paces)
 
