@@ -13,8 +13,8 @@ $(STAMP): pyproject.toml
 	# torch first: `torch==2.13.0` is the CPU build on this machine; a later range keeps it.
 	$(PIP) install -q torch==2.13.0
 	$(PY) -c "import torch; print(torch.__version__)" > $(VENV)/.torch-version
-	# flower: Flower's deployment runtime for hetfl deploy and its tests (no Ray)
-	$(PIP) install -q -e '.[dev,flower]'
+	# flower: Flower's deployment runtime for hetfl deploy and its tests (no Ray); privacy: DP's accountant
+	$(PIP) install -q -e '.[dev,flower,privacy]'
 	# no extra may replace that torch (a CUDA build would not even import here)
 	$(PY) -c "import torch; want = open('$(VENV)/.torch-version').read().strip(); \
 	  assert torch.__version__ == want, f'torch {torch.__version__} replaced {want}'"

@@ -157,6 +157,19 @@ def test_gain_is_a_difference_of_differences_with_its_noise():
     assert verdict(shared, results) == f"held (not significant: p={1 - t * (t * t + 6) / (t * t + 4) ** 1.5:.2g})"
 
 
+def test_a_gain_may_be_compared_with_another_models_gain_of_the_same_runs():
+    """(A - B) on the last exit against (A - B) on exit1: A's exit2 gains 10 points over B's, its exit1 5."""
+    results = {"A": runs(0.90, 0.91, 0.92, exit1=0.70), "B": runs(0.80, 0.81, 0.82, exit1=0.65)}
+    for s in results["B"]:  # a little spread on exit1, so the test has noise to weigh
+        s["final"]["global"]["exit1"] += 0.01 * (s["accuracy"] - 0.81) / 0.01
+    claim = {"gain": ["A", "B"], "exceeds_gain": ["A", "B"], "exceeds_metric": "global/exit1"}
+    text, v, measured = check_claim(claim, results)
+    assert measured.startswith("gain +10.00 (A vs B) against +5.00 (A vs B, global/exit1)")
+    assert v.startswith("held")
+    flipped = {**claim, "metric": "global/exit1", "exceeds_metric": "accuracy"}
+    assert check_claim(flipped, results)[1].startswith("did not hold")
+
+
 def rounds_run(rounds, target=0.7):
     return {**summary(0.8, 0.5), "rounds_to_target": rounds, "target_accuracy": target}
 

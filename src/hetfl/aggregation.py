@@ -47,6 +47,19 @@ class MaskedMean:
                 add_at(self.weights[key], idx, held, alpha=weight)
         self.num_updates += 1
 
+    @classmethod
+    def from_sums(cls, global_state: State, deltas: State, counts: State, num_updates: int) -> MaskedMean:
+        """The running mean whose updates summed to ``deltas`` (each update minus the global tensors it was cut from,
+        in global shape, 0 where it held nothing) over ``counts`` (the weight that held each element): what secure
+        aggregation gives the server instead of the updates themselves."""
+        agg = cls(global_state)
+        for key, delta in deltas.items():
+            count = counts[key].to(delta.dtype)
+            agg.sums[key] = delta + count * global_state[key]
+            agg.weights[key] = count
+        agg.num_updates = num_updates
+        return agg
+
     def mean(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per touched name: (mean where held, else 0) and the boolean mask of held elements."""
         out = {}

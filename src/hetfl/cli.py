@@ -230,7 +230,13 @@ def cmd_deploy(args) -> int:
         print(f"Flower App written to {write_app(Path(args.write_app))}")
         return 0
     check_paths_given(args)
+    secure = None
+    if args.secure_clipping_range is not None and not args.secure_aggregation:
+        raise HetflError("deploy: --secure-clipping-range goes with --secure-aggregation")
     if args.resume is not None:
+        if args.secure_aggregation or args.secure_clipping_range is not None:
+            raise HetflError("deploy: --resume takes no --secure-aggregation: the run folder records whether its run "
+                             "aggregates securely")
         if args.config is not None or given_options(args) or args.nodes is not None:
             raise HetflError("deploy: --resume takes no experiment options or --nodes: the run folder's config.json "
                              "defines the run")
@@ -250,7 +256,18 @@ def cmd_deploy(args) -> int:
         run_dir = None
     extra = parse_node_configs(args.node_config or [], cfg.num_clients)
     if run_dir is None:
-        run_dir = Simulation(cfg).create_run_dir()  # every set-up error is raised before anything is created
+        sim = Simulation(cfg)  # every set-up error is raised before anything is created
+        if args.secure_aggregation:
+            from .flower.secure import SecureSettings, check_secure
+
+            secure = SecureSettings(**({} if args.secure_clipping_range is None
+                                       else {"clipping_range": args.secure_clipping_range}))
+            check_secure(sim, secure)  # a method whose server reads each update is refused here
+        run_dir = sim.create_run_dir()
+        if secure is not None:
+            from .flower.secure import write_settings
+
+            write_settings(run_dir, secure)  # the ServerApp (and any resume) reads it there
     release_warnings()  # set up: the federation's own warnings are printed as they come
     summary = deploy(run_dir, cfg.num_clients, cfg.data_dir, tls=args.tls, node_auth=args.node_auth, extra=extra,
                      verbose=args.verbose)
@@ -516,6 +533,40 @@ def cmd_costs(args) -> int:
     return 0
 
 
+def cmd_dp(args) -> int:
+    """The epsilon a planned run would spend, round by round, without training (``privacy.accounting``)."""
+    import json
+
+    from .methods import method_class
+    from .privacy.mechanism import settings_of
+    from .report import format_table
+
+    cfg = run_config(args).validate()
+    if not cfg.private:
+        raise HetflError("dp: give --dp-noise-multiplier or --dp-target-epsilon (the run's differential privacy)")
+    refusal = method_class(cfg.method).private_refusal
+    if refusal:
+        raise HetflError(f"method '{cfg.method}' cannot run with differential privacy: {refusal}")
+    s = settings_of(cfg)
+    marks = sorted({t for t in (1, *(round(cfg.rounds * f / 10) for f in range(1, 11))) if t >= 1})
+    curve = [(t, s.epsilon(t)) for t in marks]
+    if args.json:
+        print(json.dumps({"noise_multiplier": s.noise_multiplier, "update_noise": s.update_noise, "delta": s.delta,
+                          "clients": s.clients, "per_round": s.per_round, "rounds": s.rounds,
+                          "epsilon": dict(curve)}, indent=1))
+        return 0
+    how = f"calibrated to epsilon {cfg.dp_target_epsilon:g}" if cfg.dp_target_epsilon else "given"
+    clipping = (f"adaptive clipping to quantile {s.quantile:g} of the update norms from {s.clip:g} (noise on the "
+                f"updates {s.update_noise:.4g} C, on the count {s.count_noise:g})" if s.adaptive
+                else f"fixed clipping at {s.clip:g}")
+    print(f"{cfg.method}: {s.per_round} of {s.clients} clients a round, sampled without replacement (q = "
+          f"{s.per_round / s.clients:.4g}); noise multiplier {s.noise_multiplier:.4g} ({how}); {clipping}; "
+          f"delta {s.delta:.3g}")
+    print(format_table(["after round", "epsilon"], [[str(t), f"{e:.4g}"] for t, e in curve]))
+    print("accountant: RDP of dp-accounting, replace-one-client adjacency (docs/privacy.md)")
+    return 0
+
+
 def cmd_plot(args) -> int:
     from .plots import image_path, plot_curves
     from .rundir import check_rounds, read_jsonl, warn_partial_line
@@ -588,6 +639,12 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--tls", action="store_true", help="TLS between every party, with a CA made for this run")
     deploy.add_argument("--node-auth", action="store_true", help="SuperNode authentication: each node gets a key the "
                         "SuperLink lists (implies --tls)")
+    deploy.add_argument("--secure-aggregation", action="store_true", help="every round by Flower's SecAgg+: the "
+                        "server learns only the sum of the updates (methods whose server reads each update are "
+                        "refused); see docs/deployment.md, \"Secure aggregation\"")
+    deploy.add_argument("--secure-clipping-range", type=float, metavar="C", help="with --secure-aggregation: the "
+                        "largest change of one weight a client may send (SecAgg+ clips to [-C, C] before it "
+                        "quantizes; a client whose update moves further drops out of the round; default 8)")
     deploy.add_argument("--verbose", action="store_true", help="show Flower's whole log, not only hetfl's lines")
     deploy.add_argument("--write-app", metavar="DIR", help="only write hetfl's Flower App (a pyproject.toml naming "
                         "its ServerApp and ClientApp) into DIR, for `flwr run` on machines of your own")
@@ -664,6 +721,15 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--json", action="store_true", help="JSON instead of a table")
     add_config_flags(costs)
     costs.set_defaults(fn=cmd_costs)
+
+    dp = sub.add_parser("dp", help="the epsilon a planned differentially private run would spend, without training",
+                        description="The privacy a run of these options would spend, round by round: its noise "
+                        "multiplier (calibrated with --dp-target-epsilon) and epsilon at its delta. See "
+                        "docs/privacy.md.")
+    dp.add_argument("--config", help="TOML file of options (flags override it)")
+    dp.add_argument("--json", action="store_true", help="JSON instead of a table")
+    add_config_flags(dp)
+    dp.set_defaults(fn=cmd_dp)
 
     plot = sub.add_parser("plot", help="plot a run's learning curves")
     plot.add_argument("run_dir")

@@ -8,6 +8,7 @@ call the same code. The work is the trainer's the task names (``trainers``).
 from __future__ import annotations
 
 from .models.cache import ModelCache, family_of
+from .privacy.clipping import privatized
 from .slicing import State
 from .task import Task
 from .trainers import TRAINERS
@@ -23,9 +24,11 @@ def client_update(local: State, task: Task, data: ClientData, client_state: Stat
     its first round; ``task.state_shapes`` gives the global shapes); only the slice of the task's
     spec is read and updated, so a client whose sub-model changed between rounds keeps the rest
     untouched (DepthFL Sec. 3.2, Eq. (3)). ``models`` reuses module objects across calls (the
-    simulator); without it the backbone is built from the task.
+    simulator); without it the backbone is built from the task. With differential privacy the update is clipped
+    before it leaves (``privacy.clipping``).
     """
     if task.trainer not in TRAINERS:
         raise ValueError(f"trainer '{task.trainer}' is unknown; one of {', '.join(TRAINERS)}")
     models = models or ModelCache(family_of(task.family), data.x.device, scaler=task.scaler)
-    return TRAINERS[task.trainer].update(local, task, data, client_state, models)
+    update, client_state = TRAINERS[task.trainer].update(local, task, data, client_state, models)
+    return privatized(update, local, task), client_state

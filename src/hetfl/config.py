@@ -131,6 +131,25 @@ class Config:
     adam_tau: float = opt(1e-3, "FedAdam adaptivity tau", valid=Range(0, low_open=True))
     feddyn_alpha: float = opt(0.1, "FedDyn alpha", valid=Range(0, low_open=True))
     aggregation_weights: str = opt("samples", "weights of the masked mean", ("samples", "uniform"))
+    # client-level differential privacy (DP-FedAvg; hetfl.privacy, docs/privacy.md)
+    dp_noise_multiplier: float = opt(0.0, "differential privacy: std of the Gaussian noise on every coordinate of the "
+                                     "masked sums, in units of the clip norm (0 = no DP unless dp_target_epsilon)",
+                                     added_later=True, valid=Range(0))
+    dp_target_epsilon: float = opt(0.0, "differential privacy: the epsilon the run may spend over its rounds; the "
+                                   "noise multiplier is calibrated to it (0 = not given)", added_later=True,
+                                   valid=Range(0))
+    dp_delta: float = opt(0.0, "differential privacy: delta (0 = num_clients^-1.1, below 1 / num_clients)",
+                          added_later=True, valid=Range(0, 1, high_open=True))
+    dp_clip: float = opt(1.0, "differential privacy: the L2 norm each client clips its update to (with "
+                         "dp_clip_quantile: the first round's)", added_later=True, valid=Range(0, low_open=True))
+    dp_clip_quantile: float = opt(0.0, "differential privacy: adaptive clipping's target quantile of the update norms "
+                                  "(Andrew et al. 2021; 0.5 = the median; 0 = fixed clipping at dp_clip)",
+                                  added_later=True, valid=Range(0, 1, high_open=True))
+    dp_clip_lr: float = opt(0.2, "differential privacy: adaptive clipping's geometric step eta", added_later=True,
+                            valid=Range(0, low_open=True))
+    dp_clip_count_noise: float = opt(0.0, "differential privacy: adaptive clipping's noise std on the count of "
+                                     "updates within the clip (0 = clients per round / 20)", added_later=True,
+                                     valid=Range(0))
     # faults (simulator) and deadlines (Flower)
     dropout_fraction: float = opt(0.0, "simulator: fraction of the sampled clients that drop out each round (seeded; "
                                   "they send nothing and are recorded as missing)", added_later=True, valid=Range(0, 1))
@@ -232,6 +251,7 @@ class Config:
         check_location(self.out, self.run_folder_name())  # before anything is loaded or created
         if is_text(self.dataset) and (self.crop_padding or self.flip):  # known from the name: before any file is read
             raise HetflError(f"crop_padding and flip augment images; {self.dataset} is text: drop them")
+        self._check_privacy()
         if self.proportions and len(self.proportions) != self.levels:
             raise HetflError(f"proportions has {len(self.proportions)} entries but levels is {self.levels}; "
                              "give one share per level")
@@ -255,6 +275,28 @@ class Config:
             if any(b <= a for a, b in zip(self.widths, self.widths[1:])):
                 raise HetflError(f"widths must increase from the smallest level to the largest, got {self.widths}")
         return self
+
+    def _check_privacy(self) -> None:
+        """Returns None; HetflError where the differential-privacy options contradict each other or are given
+        without differential privacy."""
+        if self.dp_noise_multiplier and self.dp_target_epsilon:
+            raise HetflError(f"give dp_noise_multiplier ({self.dp_noise_multiplier:g}) or dp_target_epsilon "
+                             f"({self.dp_target_epsilon:g}), not both: the target calibrates the multiplier")
+        if not (self.dp_noise_multiplier or self.dp_target_epsilon):
+            fields = option_fields(Config)
+            given = [name for name in fields if name.startswith("dp_") and getattr(self, name) != fields[name].default]
+            if given:
+                raise HetflError(f"{given[0]} is an option of differential privacy, which is off; give "
+                                 "dp_noise_multiplier or dp_target_epsilon, or drop it")
+        elif self.aggregation_weights != "uniform":
+            raise HetflError("differential privacy averages with uniform weights (sample-count weights would make a "
+                             "client's share of the sums depend on its private sample count); drop "
+                             "aggregation_weights = samples")
+
+    @property
+    def private(self) -> bool:
+        """Whether the run is differentially private (a noise multiplier or a target epsilon is given)."""
+        return self.dp_noise_multiplier > 0 or self.dp_target_epsilon > 0
 
     @property
     def level_proportions(self) -> list[float]:

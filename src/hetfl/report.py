@@ -68,6 +68,9 @@ def run_table(summary: dict) -> str:
     table = format_table(["model"] + columns, rows)
     if summary.get("local_accuracy") is not None:
         table += f"\nlocal accuracy (each client's level model on its own test split): {100 * summary['local_accuracy']:.2f}%"
+    if privacy := summary.get("privacy"):
+        table += (f"\ndifferential privacy: epsilon {privacy['epsilon']:.3g} at delta {privacy['delta']:.3g} spent "
+                  f"(noise multiplier {privacy['noise_multiplier']:.4g}, clipping {privacy['clipping']})")
     return (f"{table}\n{summary['method']} on {summary['dataset']} (seed {summary['seed']}), "
             f"{summary['rounds']} rounds: {summary['bytes_down_per_round'] / 1e6:.2f} MB down and "
             f"{summary['bytes_up_per_round'] / 1e6:.2f} MB up per round, {summary['wall_seconds']:.1f} s; "
@@ -319,6 +322,26 @@ def models_table(results: dict[str, list[dict]], costs: dict[str, dict[str, dict
     return format_table(header, rows, markdown=True)
 
 
+def privacy_table(results: dict[str, list[dict]]) -> str:
+    """Markdown table of every evaluated model of every label under differential privacy: the epsilon its run spent
+    (at its delta; "inf": no DP), its accuracy and the noise std that each of its coordinates kept after the division
+    by the clients that held it (mean over its coordinates and the rounds, in the clip norm's units times C), mean ±
+    std over seeds; empty when no run is private."""
+    if not any(s.get("privacy") for runs in results.values() for s in runs):
+        return ""
+    rows = []
+    for label, runs in results.items():
+        private = [s["privacy"] for s in runs if s.get("privacy")]
+        spent = (f"{statistics.fmean(p['epsilon'] for p in private):.3g} at delta {private[0]['delta']:.2g}"
+                 if private else "inf")
+        for model in runs[0]["final"]:
+            noise = [p.get("noise_per_coordinate", {}).get(model) for p in private]
+            noise_cell = mean_std([v for v in noise if v is not None], 1.0, 4) if private else "0"
+            rows.append([label, model, spent, seed_cell(runs, f"{model}/accuracy"), noise_cell])
+    return format_table(["run", "model", "epsilon spent", "accuracy (%)", "noise std per coordinate after division"],
+                        rows, markdown=True)
+
+
 # Seed noise: Welch's t-test. The statistic and its degrees of freedom are computed here (a claim tests a linear
 # combination of several runs' means, which no scipy test takes); the t distribution is scipy's.
 
@@ -364,7 +387,8 @@ def _comparisons(claim: dict) -> list[tuple[list[tuple[tuple[str, str], float]],
     metric = claim.get("metric", "accuracy")
     if "gain" in claim:
         (a, b), (c, d) = claim["gain"], claim["exceeds_gain"]
-        return [([((a, metric), 1.0), ((b, metric), -1.0), ((c, metric), -1.0), ((d, metric), 1.0)], 0.0)]
+        other = claim.get("exceeds_metric", metric)  # the second gain may be another model's of the same runs
+        return [([((a, metric), 1.0), ((b, metric), -1.0), ((c, other), -1.0), ((d, other), 1.0)], 0.0)]
     if "at_least" in claim:
         return [([((claim["better"], metric), 1.0)], claim["at_least"])]
     worse = as_list(claim["worse"])
@@ -430,7 +454,7 @@ def check_claim(claim: dict, results: dict[str, list[dict]], costs: dict | None 
     ``worse_metric``, one or one per worse label, for the other side; ``lower_is_better`` for round
     counts); ``better`` reaches ``at_least`` on ``metric`` (one-sample test); the gain ``gain = [A, B]``
     (A - B) exceeds the gain ``exceeds_gain = [C, D]`` (the difference of differences and its combined
-    standard error).
+    standard error; ``exceeds_metric``: the second gain's metric, default ``metric``).
 
     Verdicts: "did not hold" when a comparison goes against the claim with p < ALPHA. Else, a comparison
     with a label not run, or a seed where a compared value is undefined, makes the claim "undecided
@@ -489,9 +513,12 @@ def _measured(claim: dict, results: dict[str, list[dict]], samples: list, outcom
     if "at_least" in claim:
         return f"{prefix}{cell(claim['better'], metric)} against {scale * claim['at_least']:g}{notes[0]}"
     if "gain" in claim and outcomes and outcomes[0] is not None:
-        mean = {label: scale * statistics.fmean(metric_values(results[label], metric)) for label, _ in samples}
+        mean = {key: scale * statistics.fmean(metric_values(results[key[0]], key[1])) for key in samples}
         (a, b), (c, d) = claim["gain"], claim["exceeds_gain"]
-        return f"gain {mean[a] - mean[b]:+.2f} ({a} vs {b}) against {mean[c] - mean[d]:+.2f} ({c} vs {d}){notes[0]}"
+        other = claim.get("exceeds_metric", metric)
+        named = lambda x, y, m: f"{x} vs {y}" + ("" if m == metric else f", {m}")  # noqa: E731
+        return (f"gain {mean[a, metric] - mean[b, metric]:+.2f} ({named(a, b, metric)}) against "
+                f"{mean[c, other] - mean[d, other]:+.2f} ({named(c, d, other)}){notes[0]}")
     several = len(as_list(claim.get("better"))) > 1
     tested = {terms[0 if several else 1][0]: note for (terms, _), note in zip(_comparisons(claim), notes)}
     return prefix + "; ".join(cell(*key) + tested.get(key, "") for key in samples)
@@ -536,6 +563,8 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
              interim_note(missing, sum(map(len, results.values()))), "## Global model", bench_table(results)]
     if models or costs is not None:
         parts += ["## Every evaluated model", models_table(results, costs)]
+    if table := privacy_table(results):
+        parts += ["## Differential privacy: each model's accuracy and the noise it kept", table]
     if preset.get("claims"):
         pending = frozenset(label for label, _ in missing or [])
         rows = [check_claim(c, results, costs, pending) for c in preset["claims"]]

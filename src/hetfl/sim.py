@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .checkpoint import WHERE_IT_RUNS, ClientStateStore, checked_payload, load_checkpoint, save_checkpoint
-from .aggregation import ServerState
+from .aggregation import MaskedMean, ServerState
 from .config import Config
 from .data import load_dataset, split_train_test
 from .data.partition import partition_among
@@ -76,6 +76,8 @@ class RoundLog:
     # clients whose trainer measures its steps (blockwise): client -> the largest step's bytes, the budget, their ratio
     memory: dict[str, dict] | None = None
     server: dict | None = None  # what the server did beyond averaging (Method.server_log; FedDF: its distillation)
+    # differential privacy: epsilon spent so far, delta, clip norm, noise (privacy.mechanism.PrivateAggregation)
+    privacy: dict | None = None
 
 
 def device_named(name: str) -> torch.device:
@@ -307,6 +309,8 @@ class Simulation:
     def run_round(self, round_index: int) -> RoundLog:
         """Train the sampled clients and aggregate the updates that pass the checks into the global state."""
         log = RoundLog(round=round_index, lr=self.cfg.lr_at(round_index))
+        if self.executor.secure:
+            return self.run_secure_round(log)
         losses = []
 
         if self.executor.wire:
@@ -338,9 +342,33 @@ class Simulation:
                 yield reply.update
 
         with serving(self.frozen_features):  # the clients train as aggregation draws their updates
-            self.state = self.method.aggregate(self.state, updates())
+            if self.method.privacy is not None:  # noise drawn from the system's entropy where updates cross a network
+                self.state, log.privacy = self.method.privacy.aggregate(self.method, self.state, updates(), round_index,
+                                                                        secure=self.executor.wire)
+            else:
+                self.state = self.method.aggregate(self.state, updates())
         log.server = self.method.server_log()
         log.train_loss = sum(losses) / len(losses) if losses else None
+        return log
+
+    def run_secure_round(self, log: RoundLog) -> RoundLog:
+        """A round under secure aggregation: the executor hands back only the sums of the updates
+        (``executors.SecureSums``), and the method's server step runs on their masked mean (noised first under
+        differential privacy). No single update reaches the server, so none is checked here: each client checks
+        its own before it masks it."""
+        t, method = log.round, self.method
+        jobs = list(self.jobs(t))
+        sums = self.executor.aggregate_securely(jobs, t)
+        log.clients, log.missing, log.train_loss = sums.clients, list(sums.missing), sums.train_loss
+        log.wire_bytes_down, log.wire_bytes_up = sums.wire_bytes_down, sums.wire_bytes_up
+        log.bytes_down = sum(state_bytes(job.local) for job in jobs)
+        log.bytes_up = sums.clients * state_bytes(sums.deltas)  # each client's vector is the global model's size
+        agg = MaskedMean.from_sums(self.state.params, sums.deltas, sums.counts, sums.clients)
+        if method.privacy is not None:
+            self.state, log.privacy = method.privacy.aggregate_sums(method, self.state, agg, sums.within, t)
+        else:
+            self.state = method.aggregate_mean(self.state, agg)
+        log.server = method.server_log()
         return log
 
     @torch.no_grad()
@@ -531,7 +559,23 @@ class Simulation:
             "executor": self.executor.name,
             "run_dir": str(self.run_dir),
             **({"metrics_lost_rounds": lost} if (lost := self.metrics_lost_rounds()) else {}),
+            **({"privacy": self.privacy_summary()} if self.method.privacy is not None else {}),
         }
+
+    def privacy_summary(self) -> dict:
+        """What differential privacy spent: epsilon at delta after the rounds run, the mechanism and its accountant."""
+        s = self.method.privacy.settings
+        rounds = self.history[-1]["round"] if self.history else 0
+        noise: dict[str, list[float]] = {}  # each evaluated model's noise std per coordinate, by round
+        for record in self.history:
+            for label, value in ((record.get("privacy") or {}).get("noise_per_coordinate") or {}).items():
+                noise.setdefault(label, []).append(value)
+        return {"epsilon": s.epsilon(rounds), "delta": s.delta, "noise_multiplier": s.noise_multiplier,
+                "noise_per_coordinate": {label: sum(v) / len(v) for label, v in noise.items()},
+                "target_epsilon": self.cfg.dp_target_epsilon or None,
+                "clipping": f"adaptive, quantile {s.quantile:g}" if s.adaptive else f"fixed at {s.clip:g}",
+                "accountant": "RDP (dp-accounting), a fixed number of clients per round sampled without replacement, "
+                              "replace-one-client adjacency"}
 
     def metrics_lost_rounds(self) -> list[int]:
         """The rounds run so far whose records metrics.jsonl lost (damaged between a checkpoint and a resume):
@@ -573,4 +617,6 @@ def _postfix(history: list[dict], headline) -> dict:
     evaluated = [r for r in history if r["eval"]]
     if evaluated:
         post["acc"] = f"{headline(evaluated[-1]['eval']):.4f}"
+    if last.get("privacy"):
+        post["eps"] = f"{last['privacy']['epsilon']:.3g}"
     return post

@@ -91,6 +91,7 @@ class Task:
     blockwise: Blockwise | None = None  # trainer "blockwise": the block groups and how to train them
     # global shapes of the client's persistent state tensors (FedDyn's g_k), by global name; None: no state
     state_shapes: dict[str, tuple[int, ...]] | None = field(default=None, compare=False)
+    dp_clip: float = 0.0  # differential privacy: the L2 norm the update is clipped to (privacy.clipping); 0: none
 
     def to_json(self) -> str:
         """The task as a JSON string."""
@@ -107,4 +108,5 @@ class Task:
                    train=TrainOptions(**d["train"]), lr=d["lr"], round=d["round"], client=d["client"],
                    seed=d["seed"], trainer=d["trainer"], scaler=d["scaler"],
                    blockwise=None if blockwise is None else Blockwise.from_dict(blockwise),
-                   state_shapes=None if shapes is None else {k: tuple(v) for k, v in shapes.items()})
+                   state_shapes=None if shapes is None else {k: tuple(v) for k, v in shapes.items()},
+                   dp_clip=d.get("dp_clip", 0.0))

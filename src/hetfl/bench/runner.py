@@ -11,7 +11,8 @@ A preset is a TOML file:
   model, its width and depth ratios and its accuracy, as a table and ``levels.png`` (``bench.levels``);
 * ``[[claims]]`` (optional): a paper's claim checked on the results: ``claim`` (text) and one of
   ``better`` + ``worse`` (labels; a list on one side for "every one of"), ``better`` +
-  ``at_least`` (a threshold), or ``gain`` + ``exceeds_gain`` (two pairs of labels); ``metric``
+  ``at_least`` (a threshold), or ``gain`` + ``exceeds_gain`` (two pairs of labels; ``exceeds_metric``
+  for the second pair, e.g. another model of the same runs); ``metric``
   (default ``accuracy``, see ``report.metric_value``), ``worse_metric`` (one, or one per worse
   label), ``lower_is_better`` (``report.check_claim``). Convergence is claimed on
   ``rounds_to_target`` (the runs' ``target_accuracy``), never on ``best_round``. A cost claim:

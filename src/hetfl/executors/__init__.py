@@ -12,7 +12,7 @@ states it), wait for its clients before the first round, and checkpoint state of
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,14 +45,37 @@ class Reply:
     wire_bytes_up: int = 0
 
 
+@dataclass
+class SecureSums:
+    """What secure aggregation gives the server for a round instead of the updates: their sums alone.
+
+    ``deltas``: per global name, the sum over the clients of (update - the global tensors it was cut from) in global
+    shape, 0 where a client held nothing; ``counts``: per global name, how many of them held each element (uniform
+    weights); ``within``: the sum of differential privacy's adaptive-clipping bits (0 without it)."""
+
+    deltas: State
+    counts: State
+    clients: int  # updates summed
+    within: float = 0.0
+    train_loss: float | None = None  # the clients' mean training loss, where they report it
+    missing: list[int] = field(default_factory=list)  # clients given a task whose update is not in the sums
+    wire_bytes_down: int = 0
+    wire_bytes_up: int = 0
+
+
 class Executor:
     """Runs a round's jobs; the hooks have engine-neutral defaults."""
 
     name = "executor"
     wire = False  # whether replies count the bytes of a serialised form (RoundLog.wire_bytes_*)
+    secure = False  # whether the server gets only the sum of a round's updates (``aggregate_securely``)
 
     def execute(self, jobs: Iterable[Job], round_index: int) -> Iterator[tuple[Job, Reply]]:
         """Each job with its client's reply, in job order."""
+        raise NotImplementedError
+
+    def aggregate_securely(self, jobs: list[Job], round_index: int) -> SecureSums:
+        """The sums of the jobs' updates, the server seeing no single one (executors whose ``secure`` is True)."""
         raise NotImplementedError
 
     def budget(self, client: int, round_index: int) -> Budget | None:

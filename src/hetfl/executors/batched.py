@@ -44,6 +44,7 @@ from torch.func import vmap
 from .. import augment
 from ..errors import warn
 from ..models.frozen_features import is_serving
+from ..privacy.clipping import privatized
 from ..trainers import TRAINERS
 from ..trainers.objectives import step_objectives
 from ..trainers.schedule import Step
@@ -168,7 +169,7 @@ class BatchedExecutor(Executor):
             mine = {n: t[g] for n, t in params.items()}
             update, own = trainer.finish(job.task, job.local, start, mine, losses[g], sizes[g], own, models,
                                          presents[g])
-            replies.append(Reply(update, keep=clients.keeper(job.client, own)))
+            replies.append(Reply(privatized(update, job.local, job.task), keep=clients.keeper(job.client, own)))
         return replies
 
     def buckets(self, jobs: list[Job], schedules: list[list[Step]]) -> list[Bucket]:

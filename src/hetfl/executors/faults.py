@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from ..devices import Budget
 from ..faults import corrupt, corruption_for, pick
+from ..errors import HetflError
 from . import Executor, Job, Reply
 
 
@@ -19,6 +20,9 @@ class FaultInjection(Executor):
 
     def __init__(self, inner: Executor, seed: int, dropout_fraction: float, corrupt_fraction: float,
                  sampled: Callable[[int], list[int]]):
+        if inner.secure:
+            raise HetflError("dropout_fraction and corrupt_fraction inject faults into each client's reply, which "
+                             "secure aggregation never shows the server; drop them")
         self.inner, self.seed, self.sampled = inner, seed, sampled
         self.dropout_fraction, self.corrupt_fraction = dropout_fraction, corrupt_fraction
         self.name, self.wire = inner.name, inner.wire

@@ -17,6 +17,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from .identity import NodeIdentity
+from .secure_wire import fitres_content, is_secure, secagg_if_asked, work_of
 
 app = ClientApp()
 
@@ -28,22 +29,29 @@ def identify(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"config": ConfigRecord(identity.to_config())}), reply_to=msg)
 
 
-@app.train()
+@app.train(mods=[secagg_if_asked])
 def train(msg: Message, context: Context) -> Message:
-    """The reply to ``train``: the client's update of its task, trained on the node's data."""
+    """The reply to ``train``: the client's update of its task, trained on the node's data. Under secure aggregation
+    (``secure_wire``: the stage of Flower's SecAgg+ that trains, its work in a legacy FitIns) the reply is the
+    client's vector, which ``secaggplus_mod`` masks before it leaves."""
     node_config = dict(context.node_config)
     node = NodeIdentity.from_config(node_config)
+    secure = is_secure(msg.content)
+    content = work_of(msg.content) if secure else msg.content
     if node.warm and os.name == "posix":
         from . import worker  # no torch: the worker has it loaded
 
         meta = msg.metadata
         timeout = meta.created_at + meta.ttl - time.time()  # the server counts the message lost after that
         try:
-            content = worker.ask(node_config, node.state_root, msg.content, timeout,
-                                 label=f"message {meta.message_id[:12]} (round {meta.group_id or '?'})")
+            reply = worker.ask(node_config, node.state_root, content, timeout,
+                               label=f"message {meta.message_id[:12]} (round {meta.group_id or '?'})")
         except worker.WorkerLost as e:
+            if secure:  # secaggplus_mod takes a reply's content: the error travels as the ClientApp's failure
+                raise
             return Message(Error(ErrorCode.CLIENT_APP_CRASHED, f"the node's hetfl worker {e}"), reply_to=msg)
-        return Message(content, reply_to=msg)
-    from .node import NodeTrainer  # imported here: a query must not wait seconds for torch
+    else:
+        from .node import NodeTrainer  # imported here: a query must not wait seconds for torch
 
-    return Message(NodeTrainer(node).train(msg.content), reply_to=msg)
+        reply = NodeTrainer(node).train(content)
+    return Message(fitres_content(reply) if secure else reply, reply_to=msg)

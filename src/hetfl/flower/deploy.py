@@ -51,7 +51,9 @@ APP_PYPROJECT = app_pyproject(
     "hetfl-app", "hetfl: the ServerApp runs a hetfl method's strategy, the ClientApp runs hetfl's client function",
     "hetfl.flower.server_app:app", "hetfl.flower.client_app:app",
     'config = ""   # a hetfl TOML file on the SuperLink\'s machine: a new run\n'
-                    'run-dir = ""  # or a run folder to continue from its last checkpoint',
+    'run-dir = ""  # or a run folder to continue from its last checkpoint\n'
+    'secure-aggregation = false  # every round by Flower\'s SecAgg+: the server sees only sums\n'
+    'secure-clipping-range = 8.0  # with it: each entry of a client\'s update must move less than this',
     usage="# hetfl's methods as a Flower App; run it with\n"
           "#   flwr run THIS_FOLDER CONNECTION --run-config 'config=\"/abs/path/my.toml\"' --stream\n")
 
@@ -93,9 +95,10 @@ def deploy(run_dir: Path, num_nodes: int, data_dir: str = "", tls: bool = False,
     lock_run_dir(run_dir)  # refused if another process writes it; the ServerApp takes it over below
     unlock_run_dir(run_dir)
     with sigterm_interrupts(), Federation(run_dir / "flower", tls=tls, node_auth=node_auth) as federation:
+        secure = (run_dir / "flower" / "secure-aggregation.json").exists()  # secure.SETTINGS_FILE
         print(f"hetfl: {run_dir}: a SuperLink at {federation.address}{' (TLS)' if federation.tls else ''} and "
-              f"{num_nodes} SuperNodes{' (authenticated)' if node_auth else ''}; logs in "
-              f"{federation.root / 'logs'}", flush=True)
+              f"{num_nodes} SuperNodes{' (authenticated)' if node_auth else ''}"
+              f"{', every round by SecAgg+' if secure else ''}; logs in {federation.root / 'logs'}", flush=True)
         for k, config in enumerate(configs):
             federation.add_node(str(k), config)
         return run_on(federation, run_dir, verbose)

@@ -36,14 +36,29 @@ NO_REPLY = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, 
             ErrorCode.CLIENT_APP_CRASHED)
 
 
-def deployment(cfg, grid: Grid) -> Simulation:
-    """One experiment on Flower: set up like the simulator (validating everything), then ``run``."""
-    return Simulation(cfg, executor=lambda sim: FlowerExecutor(sim, grid), on_round=progress_line)
+def deployment(cfg, grid: Grid, secure=None) -> Simulation:
+    """One experiment on Flower: set up like the simulator (validating everything), then ``run``; ``secure``: the
+    ``secure.SecureSettings`` of secure aggregation, or None."""
+    return Simulation(cfg, executor=lambda sim: flower_executor(sim, grid, secure), on_round=progress_line)
 
 
-def resume_deployment(run_dir, grid: Grid) -> Simulation:
-    """The Flower experiment of ``run_dir`` restored at its last checkpoint."""
-    return Simulation.resume(run_dir, executor=lambda sim: FlowerExecutor(sim, grid), on_round=progress_line)
+def resume_deployment(run_dir, grid: Grid, secure=None) -> Simulation:
+    """The Flower experiment of ``run_dir`` restored at its last checkpoint (with secure aggregation when ``secure``
+    or the run folder says so: ``secure.read_settings``)."""
+    if secure is None:
+        from .secure import read_settings
+
+        secure = read_settings(run_dir)
+    return Simulation.resume(run_dir, executor=lambda sim: flower_executor(sim, grid, secure), on_round=progress_line)
+
+
+def flower_executor(sim: Simulation, grid: Grid, secure=None) -> Executor:
+    """The executor of a Flower experiment: ``FlowerExecutor``, or with ``secure`` its SecAgg+ form."""
+    if secure is None:
+        return FlowerExecutor(sim, grid)
+    from .secure import SecureFlowerExecutor
+
+    return SecureFlowerExecutor(sim, grid, secure)
 
 
 class FlowerExecutor(Executor):

@@ -111,6 +111,7 @@ class NodeTrainer:
 
     def train(self, content: RecordDict) -> RecordDict:
         """The reply content to a ``train`` message's ``content``: the client's update of its task."""
+        from .secure_wire import LAYOUT
         from .wire import read_work, reply_content
 
         clock = Phases()
@@ -137,7 +138,12 @@ class NodeTrainer:
         clock.lap("state-write")
         if self.node.corrupt:
             update = corrupt(update, self.node.corrupt)
-        reply = reply_content(update)
+        if LAYOUT in content["config"]:  # secure aggregation: the vector SecAgg+ masks (``secure``)
+            from .secure_vector import secure_reply
+
+            reply = secure_reply(update, work, content["config"])
+        else:
+            reply = reply_content(update)
         clock.lap("pack")
         self.phases = clock.phases
         return reply

@@ -3,7 +3,9 @@
 Its run config (``flwr run APP --run-config ...``) names either ``config``, a TOML (or JSON) file
 of hetfl options on the SuperLink's machine (a new run folder is created under its ``out``), or
 ``run-dir``, a run folder to continue from its last checkpoint (``hetfl deploy`` creates the
-folder first and passes it here; ``hetfl deploy --resume`` passes an interrupted one).
+folder first and passes it here; ``hetfl deploy --resume`` passes an interrupted one). With
+``secure-aggregation = true`` (and optionally ``secure-clipping-range``) every round runs Flower's
+SecAgg+ (``secure``); a run folder started that way stays secure when resumed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ..errors import HetflError
 from ..methods import load_config
 from ..report import run_table
 from .deployment import deployment, resume_deployment
+from .secure import settings_from_run_config
 
 app = ServerApp()
 
@@ -27,7 +30,9 @@ def main(grid: Grid, context: Context) -> None:
         if bool(config) == bool(run_dir):
             raise HetflError("the run config must name either config (a hetfl TOML file) or run-dir (a run folder "
                              f"to continue), got config={config!r} run-dir={run_dir!r}")
-        experiment = resume_deployment(run_dir, grid) if run_dir else deployment(load_config(config), grid)
+        secure = settings_from_run_config(dict(context.run_config))  # else a resumed run folder may say so
+        experiment = (resume_deployment(run_dir, grid, secure) if run_dir
+                      else deployment(load_config(config), grid, secure))
         summary = experiment.run(progress=False)
     except HetflError as e:
         print(f"hetfl: error: {e}", flush=True)

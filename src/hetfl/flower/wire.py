@@ -3,7 +3,8 @@
 Down, per node, a ``train`` message: the client's local tensors only (an ``ArrayRecord`` of the
 sub-model the server cut for it, never the global model), its ``Task`` as JSON, the partition it
 trains on and which of its own states to start from. Up: its update's tensors, its sample count
-and loss, the client and sub-model it says it trained and, when its task masks labels, the classes it holds. ``read_reply`` turns whatever a node
+and loss, the client and sub-model it says it trained, when its task masks labels the classes it holds, and with
+differential privacy's adaptive clipping whether its update was within the clip. ``read_reply`` turns whatever a node
 sent into an ``Update`` or says why it cannot; ``updates.check_update`` then checks its content.
 """
 
@@ -14,11 +15,13 @@ from dataclasses import dataclass
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from ..privacy.clipping import WITHIN_CLIP
 from ..updates import Update
 from ..slicing import State, SubModel
 from ..task import Task
 
 TRAIN, QUERY = "train", "query"  # Flower message types: a round's job; "who are you" (the node config)
+WITHIN = "dp-within-clip"  # differential privacy's adaptive clipping: the update's norm was within the clip
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,9 @@ def reply_content(update: Update) -> RecordDict:
     return RecordDict({
         "arrays": ArrayRecord(dict(update.state)),
         "metrics": MetricRecord({"num-examples": update.num_samples,
-                                 "train-loss": float(update.metrics.get("train_loss", 0.0))}),
+                                 "train-loss": float(update.metrics.get("train_loss", 0.0)),
+                                 **({WITHIN: float(update.metrics[WITHIN_CLIP])} if WITHIN_CLIP in update.metrics
+                                    else {})}),
         "config": ConfigRecord({"client": update.client, "spec": json.dumps(update.spec.to_dict()),
                                 **({} if update.classes is None else {"classes": json.dumps(list(update.classes))})}),
     })
@@ -78,7 +83,8 @@ def read_reply(content: RecordDict) -> Update:
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f"the reply's sub-model, tensors or classes cannot be read: {e}") from None
     return Update(client=config["client"], spec=spec, state=state, num_samples=metrics["num-examples"],
-                  metrics={"train_loss": float(metrics["train-loss"])},
+                  metrics={"train_loss": float(metrics["train-loss"]),
+                           **({WITHIN_CLIP: float(metrics[WITHIN])} if WITHIN in metrics else {})},
                   classes=tuple(classes) if isinstance(classes, list) else classes)  # check_update checks them
 
 

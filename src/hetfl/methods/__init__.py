@@ -65,9 +65,22 @@ def config_from(values: dict[str, Any], source: str = "config", resolved: bool =
                              f"use it; drop it")
     if "model" not in values and is_text(values.get("dataset")):  # text needs the pretrained encoder
         values = {**values, "model": "minilm"}
+    if _asks_for_privacy(values) and "aggregation_weights" not in values:  # DP averages uniformly (``privacy``)
+        defaults = {**defaults, "aggregation_weights": "uniform"}
     cfg = Config.from_dict({**defaults, **values}, source, options=cls.Options)
     # the resolved config records them all (but options added later only when set)
     return cfg.replace(method_options=recorded(asdict(cls.options_of(cfg)), cls.Options))
+
+
+def _asks_for_privacy(values: dict[str, Any]) -> bool:
+    """Whether option ``values`` ask for differential privacy (checked as numbers later: here only whether given)."""
+    def given(value) -> bool:
+        try:
+            return float(value) != 0
+        except (TypeError, ValueError):
+            return value is not None  # not a number: refused with its name when the config is read
+
+    return given(values.get("dp_noise_multiplier")) or given(values.get("dp_target_epsilon"))
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:

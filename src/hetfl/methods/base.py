@@ -31,6 +31,7 @@ from ..losses import ensemble_logits
 from ..models import ModelFamily, model_family
 from ..models.base import federated_state
 from ..options import check_choices, check_ranges, option_fields
+from ..privacy.mechanism import PrivateAggregation, settings_of
 from ..recipes import ExitsCE, Recipe
 from ..slicing import SCALINGS, State, SubModel, extract
 from ..splits import Split, split_search
@@ -46,6 +47,9 @@ class Method:
     Options: ClassVar[type] = NoOptions  # the method's own options (a dataclass of ``opt`` fields)
     defaults: ClassVar[dict] = {}  # option values (generic or its own) this method sets unless the user gives them
     scalings: ClassVar[tuple[str, ...]] = SCALINGS  # how it may cut level sub-models
+    # why the method cannot have differential privacy (its server reads more of an update than the noised masked
+    # sums: ``privacy``), or None
+    private_refusal: ClassVar[str | None] = None
 
     def __init__(self, cfg, family: ModelFamily, num_levels: int, device: torch.device | str = "cpu"):
         if cfg.scaling not in self.scalings:
@@ -81,6 +85,8 @@ class Method:
             raise HetflError(f"levels {num_levels} is beyond the depth of model '{family.name}' ({choices} sub-models "
                              f"for method '{self.name}' with {cfg.scaling} scaling); use at most {choices} levels")
         self.models = ModelCache(family, device, scaler=cfg.scaler)
+        self.privacy = self._privacy(cfg)
+        self.noise = None  # while a private aggregation runs: what perturbs each masked sum (``perturb``)
         self.family_spec = describe_family(family)  # what a task tells the client to build
         self.server = make_server_optimizer(
             cfg.server_opt, lr=cfg.server_lr, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2,
@@ -90,6 +96,15 @@ class Method:
             weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad, clip_value=cfg.clip_value,
             crop_padding=cfg.crop_padding, flip=cfg.flip, prox_mu=cfg.prox_mu,
             feddyn_alpha=cfg.feddyn_alpha if cfg.server_opt == "feddyn" else 0.0)
+
+    def _privacy(self, cfg) -> PrivateAggregation | None:
+        """DP-FedAvg's server side when ``cfg`` asks for differential privacy (``privacy``), else None."""
+        if not cfg.private:
+            return None
+        if self.private_refusal:
+            raise HetflError(f"method '{self.name}' cannot run with differential privacy: {self.private_refusal}; "
+                             "drop the --dp-* options")
+        return PrivateAggregation(settings_of(cfg), cfg.seed)
 
     @classmethod
     def options_of(cls, cfg):
@@ -258,15 +273,16 @@ class Method:
         return self.task(state, spec, client, round_index), extract(state.params, self.models.shapes(spec), spec)
 
     def task(self, state: ServerState, spec: SubModel, client: int, round_index: int) -> Task:
-        """The task of training ``spec`` at ``client`` this round: the recipe, and with FedDyn the global shapes of
-        the client's state tensors."""
+        """The task of training ``spec`` at ``client`` this round: the recipe, with FedDyn the global shapes of the
+        client's state tensors, and with differential privacy the norm the client clips its update to."""
         state_shapes = None
         if self.cfg.server_opt == "feddyn":
             keys = [spec.global_name(n) for n in self.models.shapes(spec)]
             state_shapes = {k: tuple(state.params[k].shape) for k in keys}
         return Task(spec=spec, family=self.family_spec, loss=self.recipe(spec, round_index),
                     train=self.train_options, lr=self.cfg.lr_at(round_index), round=round_index, client=client,
-                    seed=self.cfg.seed, scaler=self.cfg.scaler, state_shapes=state_shapes)
+                    seed=self.cfg.seed, scaler=self.cfg.scaler, state_shapes=state_shapes,
+                    dp_clip=self.privacy.clip_of(state) if self.privacy else 0.0)
 
     def recipe(self, spec: SubModel, round_index: int) -> Recipe:
         """The local loss of ``spec``'s model: the sum of CEs over the exits it holds (all of its depth, or
@@ -277,10 +293,35 @@ class Method:
         """Fold updates into a masked mean as they arrive, then take a server-optimizer step."""
         agg = MaskedMean(state.params)
         for update in updates:
-            agg.add(update.state, self.aggregate_weight(update), update.spec, self.held_rows(update))
+            agg.add(update.state, self.aggregate_weight(update), update.spec,
+                    None if self.privacy else self.held_rows(update))  # with DP every held row counts (``privacy``)
+        return self.aggregate_mean(state, agg)
+
+    def aggregate_mean(self, state: ServerState, agg: MaskedMean) -> ServerState:
+        """The server-optimizer step on a masked mean (its sums noised first under differential privacy); ``state``
+        itself when no update was folded in. Secure aggregation hands the server this mean alone
+        (``MaskedMean.from_sums``), so only methods whose ``aggregate`` is this one can have it."""
         if agg.num_updates == 0:
             return state
+        self.perturb(agg)
         return self.server.step(state, agg)
+
+    @property
+    def secure_refusal(self) -> str | None:
+        """Why secure aggregation, which gives the server only the sums of a round's updates (``aggregate_mean``),
+        cannot serve this method, or None."""
+        if type(self).aggregate is not Method.aggregate:
+            return "its server reads each update, not only their masked sums"
+        if self.cfg.server_opt != "feddyn" and self.cfg.aggregation_weights != "uniform":
+            return "it weights updates by their sample counts; add --aggregation-weights uniform"
+        return None
+
+    def perturb(self, agg: MaskedMean, levels: bool = True) -> None:
+        """Returns None; adds differential privacy's noise to ``agg``'s sums, before they are divided by the counts,
+        while a private aggregation runs (``privacy.mechanism.PrivateAggregation``; ``levels``: its sums are of the
+        global names, so each evaluated model's noise after division is recorded)."""
+        if self.noise is not None:
+            self.noise(agg, levels)
 
     def held_rows(self, update: Update) -> dict[str, torch.Tensor] | None:
         """The rows of some of ``update``'s tensors that alone count in the masked mean (``MaskedMean.add``), or None:

@@ -100,6 +100,8 @@ class FedDF(Decoupled):
     defaults = {"scaling": "width", "train_exits": "last"}
     scalings = ("width",)
     Options = Options
+    private_refusal = ("its distillation's teacher is every client's own model (their logits on the server data), "
+                       "which noise on the averaged sums does not cover")
 
     @classmethod
     def server_data_wanted(cls, cfg) -> tuple[str, int]:

@@ -152,6 +152,7 @@ class InclusiveFL(Method):
         sub_global: dict[int, tuple[SubModel, State, int]] = {}
         for level in sorted(groups):
             spec, w, agg = groups[level]
+            self.perturb(agg, levels=False)  # differential privacy's noise on the level's sums (``privacy``)
             g = {name: mean - w[name] for name, (mean, _) in agg.mean().items()}  # line 14
             top = spec.depth - 1
             if beta > 0 and level < self.num_levels:  # lines 15-18, m = 0 where level + 1 has none yet
