@@ -39,7 +39,7 @@ from hetfl.methods import config_from  # noqa: E402
 from hetfl.rundir import unlock_run_dir  # noqa: E402
 from hetfl.sim import Simulation  # noqa: E402
 from weights import assert_identical, weights  # noqa: E402
-from worker_log import worker_lines, worker_pids  # noqa: E402
+from worker_log import live_processes_in, worker_lines, worker_pids  # noqa: E402
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 TIMEOUT = 240  # seconds for any one run on Flower; a few rounds on digits take well under a minute
@@ -84,21 +84,6 @@ def simulated(cfg, dropped: dict[int, set[int]] | None = None) -> tuple[dict, li
 
 def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def live_processes_in(folder: Path) -> list[str]:
-    """The command lines of the live processes working in ``folder`` (or below): those a federation there started."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if not proc.name.isdigit() or (proc / "stat").read_text().split(")")[-1].split()[0] == "Z":
-                continue
-            cwd = Path(os.readlink(proc / "cwd"))
-            if cwd == folder or folder in cwd.parents:
-                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return found
 
 
 def wait_for(condition, what: str, deployment: Deploy) -> None:

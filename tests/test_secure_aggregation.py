@@ -31,6 +31,7 @@ from hetfl.privacy.clipping import WITHIN_CLIP  # noqa: E402
 from hetfl.sim import Simulation  # noqa: E402
 from hetfl.slicing import scatter  # noqa: E402
 from hetfl.updates import Update  # noqa: E402
+from worker_log import live_processes_in  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -414,19 +415,6 @@ def test_deploy_refuses_a_config_secure_aggregation_cannot_serve_before_anything
 
 
 # ---- the soak: a real `hetfl deploy --secure-aggregation` ------------------------------------------------------
-def live_processes_in(folder: Path) -> list[str]:
-    """The command lines of the live processes working in ``folder`` (or below): those a federation there started."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if not proc.name.isdigit() or (proc / "stat").read_text().split(")")[-1].split()[0] == "Z":
-                continue
-            cwd = Path(os.readlink(proc / "cwd"))
-            if cwd == folder or folder in cwd.parents:
-                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except OSError:
-            continue
-    return found
 
 
 @pytest.mark.soak

@@ -1,5 +1,7 @@
-"""Helpers the tests share to read a node's warm-worker log (``STATE_DIR/worker/worker.log``)."""
+"""Helpers the tests share to read a node's warm-worker log (``STATE_DIR/worker/worker.log``) and to find the processes
+a federation left."""
 
+import os
 from pathlib import Path
 
 
@@ -12,3 +14,18 @@ def worker_lines(folder: Path, words: str) -> list[str]:
 def worker_pids(folder: Path) -> list[int]:
     """The pids of the workers that listened in ``folder``, in order."""
     return [int(line.split("worker ")[1].split(":")[0]) for line in worker_lines(folder, ": listening")]
+
+
+def live_processes_in(folder: Path) -> list[str]:
+    """The command lines of the live processes working in ``folder`` (or below): those a federation there started."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or (proc / "stat").read_text().split(")")[-1].split()[0] == "Z":
+                continue
+            cwd = Path(os.readlink(proc / "cwd"))
+            if cwd == folder or folder in cwd.parents:
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
