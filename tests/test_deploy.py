@@ -17,6 +17,7 @@ from hetfl.errors import HetflError
 from hetfl.flower.identity import NodeIdentity
 from hetfl.flower.node import OwnStates, client_data
 from hetfl.sim import Simulation
+from hetfl.flower.timing import read_timings
 from worker_log import worker_lines, worker_pids
 
 
@@ -267,17 +268,25 @@ def test_warm_workers_give_the_simulators_weights_and_end_with_their_owner(deplo
     folders = [tmp_path / f"node-{k}" / "worker" for k in range(3)]
     for folder in folders:  # one worker per node served both rounds
         assert len(worker_pids(folder)) == 1 and len(worker_lines(folder, "trained in")) == 2
-        for line in worker_lines(folder, "trained in"):  # where each message's time went (bench flower reads it)
+        for line in worker_lines(folder, "trained in"):  # where each message's time went
             phases = json.loads(line.split("; phases ", 1)[1])
             assert {"receive+parse", "state-read", "train", "train-cpu", "state-write", "serialise"} <= set(phases)
             assert all(v >= 0 for v in phases.values()) and phases["train"] <= float(line.split()[5])
+        timings = read_timings(worker_lines(folder, "replied; timing"))  # the shim's, for bench flower
+        assert [t["round"] for t in timings] == ["1", "2"]
+        for t in timings:
+            worker = t["worker"]
+            assert t["called"] <= worker["accepted"] <= worker["done"] <= t["replied"] and t["handed"] <= t["replied"]
+            assert worker["phases"]["train"] <= worker["done"] - worker["accepted"]
+            assert t["cpu-replied"] >= t["cpu-called"]
         assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
     owner.kill()
     owner.wait()  # reaped: a zombie's pid would still answer
     wait_until(lambda: all(gone(worker_pids(f)[0]) and not list(f.glob("*.sock")) for f in folders))
 
 
-def test_a_worker_killed_or_hung_while_it_trains_loses_the_message_and_a_new_one_takes_over(tmp_path, owner):
+def test_a_worker_killed_or_hung_while_it_trains_loses_the_message_and_a_new_one_takes_over(tmp_path, owner,
+                                                                                           monkeypatch):
     import signal
     import threading
 
@@ -295,7 +304,9 @@ def test_a_worker_killed_or_hung_while_it_trains_loses_the_message_and_a_new_one
         except (WorkerFailed, WorkerLost) as e:
             return e
 
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as a Federation sets it for 2 or more nodes a core
     assert isinstance(asked(), WorkerFailed)  # a worker started, and replied
+    assert "training with 1 torch thread" in worker_lines(folder, ": listening")[0]  # not torch's default: every core
     first = worker_pids(folder)[0]
     os.kill(first, signal.SIGSTOP)
     result = []
@@ -314,6 +325,126 @@ def test_a_worker_killed_or_hung_while_it_trains_loses_the_message_and_a_new_one
     lost = asked(timeout=1.0)
     assert isinstance(lost, WorkerLost) and "did not reply" in str(lost)
     wait_until(lambda: gone(second))
+
+
+def test_a_federation_polls_less_and_trains_on_fewer_threads_in_turns_the_more_nodes_share_its_cores(tmp_path,
+                                                                                                   monkeypatch):
+    import hetfl.flower.federation as federation
+    from hetfl.flower.federation import POLL_CPU_SECONDS, POLL_SHARE, Federation, node_threads, poll_interval
+    from hetfl.flower.slots import SLOTS_DIR_ENV, SLOTS_ENV
+
+    assert poll_interval(1, 2) == 0.05 and poll_interval(10, 2) == 0.5 and poll_interval(10_000, 2) == 1.0
+    intervals = [poll_interval(n, 2) for n in range(1, 41)]
+    assert intervals == sorted(intervals) and poll_interval(10, 16) < poll_interval(10, 2)
+    for n in range(3, 20):  # unclamped: all the nodes' polls together use POLL_SHARE of the cores
+        assert n * POLL_CPU_SECONDS / poll_interval(n, 2) / 2 == pytest.approx(POLL_SHARE, rel=0.01)
+    assert [node_threads(n, 2) for n in (1, 2, 3, 10)] == [2, 1, 1, 1] and node_threads(2, 16) == 8
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(federation, "cores", lambda: 8)
+    env = Federation(tmp_path / "a", nodes=4).env  # no process starts before ``with``
+    assert env["OMP_NUM_THREADS"] == "2" and env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == str(poll_interval(4, 8))
+    assert SLOTS_ENV not in env  # 4 nodes x 2 threads: all train at once
+    env = Federation(tmp_path / "b", nodes=10).env
+    assert env["OMP_NUM_THREADS"] == "1" and env[SLOTS_ENV] == "8"
+    assert env[SLOTS_DIR_ENV] == str(tmp_path / "b" / "slots")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins, and leaves room for 2 trainings
+    env = Federation(tmp_path / "c", nodes=4).env
+    assert env["OMP_NUM_THREADS"] == "3" and env[SLOTS_ENV] == "2"
+
+
+def test_the_floors_replies_are_arrays_of_its_own_of_the_sizes_it_got_and_it_logs_their_times(tmp_path, monkeypatch):
+    pytest.importorskip("flwr")
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from hetfl.flower.floor import work_and_reply
+
+    for key in ("_task_id", "_run_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, key, 1)
+    sent = ArrayRecord({"w": Array(np.zeros((4, 3), dtype="float32")), "n": Array(np.zeros((), dtype="int64"))})
+    context = Context(run_id=1, node_id=7, node_config={"state-dir": str(tmp_path / "node")}, state=RecordDict(),
+                      run_config={})
+    replies = []
+    for k in range(2):
+        message = Message(RecordDict({"arrays": sent, "config": ConfigRecord({"train-cpu-seconds": 0.05})}), 7,
+                          "train", group_id="2")
+        message.metadata.__dict__["_message_id"] = f"{k + 1:064x}"
+        replies.append(work_and_reply(message, context).content["arrays"])
+    sizes = {name: (a.shape, a.dtype) for name, a in sent.items()}
+    assert all({name: (a.shape, a.dtype) for name, a in got.items()} == sizes for got in replies)
+    first, second = (got["w"].numpy() for got in replies)  # an echo, or equal replies, would not travel up
+    assert not np.array_equal(first, second) and not np.array_equal(first, sent["w"].numpy())
+    timings = read_timings((tmp_path / "node" / "floor.log").read_text().splitlines())
+    assert [t["round"] for t in timings] == ["2", "2"] and [t["message"] for t in timings] == [f"{1:064x}", f"{2:064x}"]
+    assert all(t["called"] <= t["replied"] and t["cpu-replied"] - t["cpu-called"] >= 0.05 for t in timings)
+
+
+def test_bench_flower_splits_a_message_into_its_stages_and_counts_cpu_between_readings(tmp_path):
+    from hetfl.bench.flower import CpuSampler, message_stages, process_kind
+
+    message = {"created": 100.0, "started": 100.5, "called": 102.0, "replied": 106.0, "arrived": 107.5,
+               "cpu-replied": 1.9, "worker": {"accepted": 102.25, "done": 105.75, "phases": {"train": 3.0}}}
+    assert message_stages(message) == {"delivery": 0.5, "ClientApp start": 1.5, "work": 4.0, "return": 1.5,
+                                       "total": 7.5, "ClientApp CPU": 1.9, "to the worker": 0.25,
+                                       "in the worker": 3.5, "back from it": 0.25, "train": 3.0}
+    sampler = CpuSampler(tmp_path)
+    sampler.samples = [(0.0, {"SuperLink": 0.0}), (1.0, {"SuperLink": 2.0}), (2.0, {"SuperLink": 5.0}),
+                       (3.0, {"SuperLink": 9.0})]
+    assert sampler.between(1.0, 2.0) == {"SuperLink": 3.0}
+    assert sampler.between(1.5, 2.5) == {"SuperLink": 7.0}  # from the reading before to the one after
+    rounds = [{"pushed": 1.0, "arrived": 1.5}, {"pushed": 1.0, "arrived": 2.0}, {"pushed": 2.0, "arrived": 3.0}]
+    assert sampler.per_message(rounds, nodes=2) == {"SuperLink": 1.75}  # rounds of 3 and 4 CPU-s: 3.5 / 2 messages
+    assert [process_kind(c) for c in ("/v/bin/python3 /v/bin/flower-superexec --insecure --parent-pid 7",
+                                      "/v/bin/python3 -m hetfl.flower.worker /s/worker 12", "/v/bin/flwr-clientapp",
+                                      "/v/bin/python3 /v/bin/flower-supernode --superlink", "bash")] == \
+        ["SuperExecs", "hetfl workers", "ClientApps", "SuperNodes", None]
+
+
+def test_trainings_take_turns_in_the_machines_slots_and_a_killed_holder_frees_its_slot(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from hetfl.flower.slots import SLOTS_DIR_ENV, SLOTS_ENV, training_slot
+
+    with training_slot():  # none set: nothing waits
+        pass
+    monkeypatch.setenv(SLOTS_ENV, "2")
+    monkeypatch.setenv(SLOTS_DIR_ENV, str(tmp_path / "slots"))
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def train():
+        with training_slot():
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.05)
+            with lock:
+                inside[0] -= 1
+
+    trainings = [threading.Thread(target=train) for _ in range(6)]
+    for t in trainings:
+        t.start()
+    for t in trainings:
+        t.join()
+    assert most[0] == 2  # two at once, never three
+
+    monkeypatch.setenv(SLOTS_ENV, "1")
+    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom hetfl.flower.slots import training_slot\n"
+                               "with training_slot():\n    print('in', flush=True)\n    time.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "in"
+        waiter = threading.Thread(target=train)
+        waiter.start()
+        waiter.join(0.3)
+        assert waiter.is_alive()  # the one slot is the holder's
+    finally:
+        holder.kill()  # kill -9: the kernel drops its lock
+        holder.wait()
+    waiter.join(10)
+    assert not waiter.is_alive()
 
 
 def test_a_worker_folder_others_may_enter_or_a_socket_not_ours_is_refused(tmp_path):

@@ -35,6 +35,7 @@ pytest.importorskip("flwr")
 from hetfl.costs import measure  # noqa: E402
 from hetfl.flower.deploy import write_app  # noqa: E402
 from hetfl.flower.federation import Federation  # noqa: E402
+from hetfl.flower.timing import read_timings  # noqa: E402
 from hetfl.methods import config_from  # noqa: E402
 from hetfl.rundir import unlock_run_dir  # noqa: E402
 from hetfl.sim import Simulation  # noqa: E402
@@ -161,6 +162,31 @@ def test_the_floor_app_round_trips_messages_of_the_sizes_it_is_given(federation)
     payload = 16 * 9 * 4 + 8
     assert all(3 * payload < b <= 3 * (payload + 2 * 128) for b in got["bytes_up"]), got  # plus a header per array
     assert all(s >= 0.2 for s in got["seconds"])
+    for k in range(3):  # each message's times, for bench flower
+        timings = read_timings((federation.root / f"node-{k}" / "floor.log").read_text().splitlines())
+        assert [t["round"] for t in timings] == ["1", "2"]
+        assert all(t["created"] - 0.05 <= t["started"] <= t["called"] <= t["replied"] for t in timings)
+
+
+@pytest.mark.soak
+def test_bench_flower_times_the_floor_and_hetfl_in_turns_and_says_where_a_message_goes(tmp_path, one_thread,
+                                                                                     capsys):
+    from hetfl.bench.flower import run_flower_bench
+
+    figures = run_flower_bench(rounds=3, nodes=2, repeats=2, out=str(tmp_path))
+    low, high = figures["overhead_spread_s"]
+    assert len(figures["turns_s"]) == 2 and low <= figures["overhead_per_message_s"]["warm"] <= high
+    for kind in ("floor", "warm"):
+        stages = figures["stages_s"][kind]
+        assert len(stages["total"]) == 2 * 2 * 2  # 2 nodes, rounds 2 and 3, 2 turns
+        assert all(v >= -0.05 for name in ("delivery", "ClientApp start", "work", "return") for v in stages[name])
+        assert figures["cpu_per_message_s"][kind]["SuperLink"] > 0
+    floor, warm = figures["cpu_per_message_s"]["floor"], figures["cpu_per_message_s"]["warm"]
+    assert floor["ClientApps"] >= 0.9 * figures["floor_train_cpu_seconds"] and floor["hetfl workers"] == 0
+    assert warm["hetfl workers"] >= 0.5 * figures["floor_train_cpu_seconds"]  # the training left the ClientApp
+    out = capsys.readouterr().out
+    assert "; the largest: " in out and "hetfl's overhead per message with warm workers" in out
+    assert not live_processes_in(tmp_path)
 
 
 # ---- guarantees 3, 4, 5: `hetfl deploy` with a node that dies, a node that lies, a server that dies ------------

@@ -452,7 +452,8 @@ def cmd_bench(args) -> int:
 
         check_installed()
         release_warnings()
-        run_flower_bench(rounds=args.rounds or 3, out=args.out)
+        run_flower_bench(rounds=args.rounds or 3, repeats=3 if args.repeats is None else args.repeats,
+                         out=args.out)
         return 0
     if args.preset == "chaos":
         from .bench.chaos import run_chaos
@@ -683,7 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "the saved runs of the other seeds")
     bench.add_argument("--rounds", type=int, help="override the rounds of every run")
     bench.add_argument("--repeats", type=int, help="speed: repetitions (default 3; median reported); throughput: "
-                       "timed rounds per executor (default 2)")
+                       "timed rounds per executor (default 2); flower: turns of the floor and hetfl (default 3)")
     bench.add_argument("--kills", type=int, default=20, help="chaos: how many kill -9s (the first --seeds value "
                        "seeds their moments)")
     bench.add_argument("--device", help="torch device")

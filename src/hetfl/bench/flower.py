@@ -11,15 +11,21 @@ Four columns, each the median time of a round that neither starts its run nor ev
 * the simulator;
 * Flower's floor (``flower.floor``): a numpy-only ClientApp on the same SuperLink and SuperNodes,
   with hetfl's message sizes, that keeps a core busy for the CPU seconds a client's training takes
-  in the simulator (its steady rounds' CPU time over the clients) instead of training. The floor is
-  what Flower costs plus that training;
+  in the simulator (its steady rounds' CPU time over the clients) instead of training, and replies
+  with arrays of its own. The floor is what Flower costs plus that training;
 * hetfl on Flower with the nodes' warm workers (the default);
 * hetfl on Flower with cold ClientApps (``worker=off``: each message's process imports torch,
   loads the data and builds the model), on a second federation.
 
-hetfl's overhead per message = (its round - the floor's round) / messages per round. Also printed:
-the start-up (until round 1 begins) and the bytes on the wire against the local tensors' sizes.
-Everything runs with ``OMP_NUM_THREADS`` as set (the nodes are 10 processes at once).
+The floor and hetfl's warm runs take turns on one federation, ``repeats`` times each (a slower minute
+of the machine hits both); hetfl's overhead per message = (its round - the floor's round of the same
+turn) / messages per round, reported as the median over the turns with their spread. Where the time
+goes: each steady message's stages (``flower.timing``: delivery, the ClientApp's start, its work,
+return; for hetfl the worker's phases inside the work) and the CPU seconds per message of each kind
+of process in the steady rounds (sampled from /proc, Linux), the floor's against hetfl's; the
+largest difference is named. Also printed: the start-up (until round 1 begins) and the bytes on the
+wire against the local tensors' sizes. Everything runs with ``OMP_NUM_THREADS`` as set (the nodes are
+10 processes at once).
 """
 
 from __future__ import annotations
@@ -60,15 +66,11 @@ def steady_rounds(seconds: list[float], evaluated: list[bool]) -> float:
     return statistics.median(steady or seconds)
 
 
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -> dict:
+def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: str | None = None) -> dict:
     """The figures of the bench (also printed); runs go to ``out`` (default: a temporary folder, removed)."""
     from ..flower.deploy import node_configs, sigterm_interrupts
-    from ..flower.federation import Federation
+    from ..flower.federation import Federation, cores
+    from ..flower.timing import EXCHANGE_LOG
 
     with sigterm_interrupts(), tempfile.TemporaryDirectory() as tmp:
         folder = Path(out or tmp)
@@ -85,46 +87,165 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, out: str | None = None) -
         train_cpu_seconds = steady_rounds([b - a for a, b in zip(cpu, cpu[1:])], evaluated) / nodes
         arrays = {name: [list(t.shape), str(t.numpy().dtype)] for name, t in sim.global_state.items()}
 
-        runs = {}
-        for label, extra in (("warm", {}), ("cold", {k: {"worker": "off"} for k in range(nodes)})):
-            with Federation(folder / f"federation-{label}") as federation:
-                for k, config in enumerate(node_configs(nodes, federation.root, extra=extra)):
-                    federation.add_node(str(k), config)
-                if label == "warm":  # the floor on the same SuperLink and SuperNodes
-                    floor = run_floor(federation, nodes, cfg.rounds, train_cpu_seconds, arrays, cfg.round_timeout)
-                runs[label] = _hetfl(federation, cfg.replace(name=f"flower-{label}"))
-                if label == "warm":
-                    phases = worker_phases(federation.root, nodes)
+        turns = []  # (the floor's steady round, hetfl's), taking turns on one federation
+        warm_root, exchanges = folder / "federation-warm", folder / "exchanges.jsonl"
+        with Federation(warm_root, nodes=nodes, env={EXCHANGE_LOG: str(exchanges)}) as federation, \
+                CpuSampler(warm_root) as sampler:
+            for k, config in enumerate(node_configs(nodes, federation.root)):
+                federation.add_node(str(k), config)
+            for turn in range(1, repeats + 1):
+                floor = run_floor(federation, nodes, cfg.rounds, train_cpu_seconds, arrays, cfg.round_timeout)
+                warm = _hetfl(federation, cfg.replace(name=f"flower-warm-{turn}"))
+                turns.append((statistics.median(floor["seconds"][1:]), warm["round"]))
+                print(f"turn {turn}/{repeats}: a steady round takes {turns[-1][0]:.2f} s as Flower's floor, "
+                      f"{turns[-1][1]:.2f} s as hetfl with warm workers", flush=True)
+            messages = steady_messages(warm_root, nodes, exchanges)
+            cpu_per_message = {kind: sampler.per_message(found, nodes) for kind, found in messages.items()}
+        with Federation(folder / "federation-cold", nodes=nodes) as federation:
+            for k, config in enumerate(node_configs(nodes, federation.root, extra={k: {"worker": "off"}
+                                                                                 for k in range(nodes)})):
+                federation.add_node(str(k), config)
+            cold = _hetfl(federation, cfg.replace(name="flower-cold"))
 
+    floor_round = statistics.median(f for f, _ in turns)
+    per_turn = [(w - f) / nodes for f, w in turns]
     figures = {
-        "rounds": cfg.rounds, "clients_per_round": nodes, "cores": cores(), "floor_train_cpu_seconds": train_cpu_seconds,
-        "startup_s": {"simulator": sim_startup, **{k: v["startup"] for k, v in runs.items()}},
-        "round_s": {"simulator": sim_round, "floor": steady_rounds(floor["seconds"], [False] * len(floor["seconds"])),
-                    **{k: v["round"] for k, v in runs.items()}},
-        "floor_wire_bytes_per_round": statistics.mean(floor["bytes_up"]),  # as much went down (an echo)
-        "worker_phases_s": phases,
+        "rounds": cfg.rounds, "clients_per_round": nodes, "repeats": repeats, "cores": cores(),
+        "floor_train_cpu_seconds": train_cpu_seconds,
+        "startup_s": {"simulator": sim_startup, "warm": warm["startup"], "cold": cold["startup"]},
+        "round_s": {"simulator": sim_round, "floor": floor_round, "warm": statistics.median(w for _, w in turns),
+                    "cold": cold["round"]},
+        "turns_s": [{"floor": f, "warm": w} for f, w in turns],
+        "floor_wire_bytes_per_round": statistics.mean(floor["bytes_up"]),  # as much went down
+        "stages_s": {kind: message_stage_table(found) for kind, found in messages.items()},
+        "cpu_per_message_s": cpu_per_message,
     }
     for way in ("down", "up"):  # as the warm run's rounds counted them: serialised, and the local tensors' sizes
-        figures[f"wire_bytes_{way}_per_round"] = statistics.mean(r[f"wire_bytes_{way}"] for r in runs["warm"]["history"])
-        figures[f"local_bytes_{way}_per_round"] = statistics.mean(r[f"bytes_{way}"] for r in runs["warm"]["history"])
+        figures[f"wire_bytes_{way}_per_round"] = statistics.mean(r[f"wire_bytes_{way}"] for r in warm["history"])
+        figures[f"local_bytes_{way}_per_round"] = statistics.mean(r[f"bytes_{way}"] for r in warm["history"])
     figures["ratio"] = {k: v / sim_round for k, v in figures["round_s"].items()}
-    figures["overhead_per_message_s"] = {k: (figures["round_s"][k] - figures["round_s"]["floor"]) / nodes
-                                         for k in runs}
+    figures["overhead_per_message_s"] = {"warm": statistics.median(per_turn),
+                                         "cold": (cold["round"] - floor_round) / nodes}
+    figures["overhead_spread_s"] = [min(per_turn), max(per_turn)]
     report(figures)
     return figures
 
 
-def worker_phases(root: Path, nodes: int) -> dict[str, list[float]]:
-    """Each phase's seconds (``flower.worker.handle``'s log line) over the warm messages of the nodes' workers under
-    ``root`` (``node_configs``' state folders), each worker's first message left out (it builds the trainer)."""
-    found: dict[str, list[float]] = {}
+# ---- where the time goes ---------------------------------------------------------------------------------------------
+PROCESS_KINDS = (("hetfl.flower.worker", "hetfl workers"), ("flwr-clientapp", "ClientApps"),
+                 ("flwr-serverapp", "ServerApp"), ("flower-superlink", "SuperLink"),
+                 ("flower-supernode", "SuperNodes"), ("flower-superexec", "SuperExecs"))
+
+
+def process_kind(command: str) -> str | None:
+    """Which of a federation's processes ``command`` runs (``PROCESS_KINDS``), or None."""
+    return next((kind for word, kind in PROCESS_KINDS if word in command), None)
+
+
+def cpu_by_kind(root: Path) -> dict[str, float]:
+    """The CPU seconds used so far by each kind of process working in ``root`` (Linux /proc): the live ones', and the
+    exited ClientApps' and ServerApps' that their SuperExec reaped (a process that exits between two readings
+    moves from the one to the other, so differences of readings count it once)."""
+    tick, found = os.sysconf("SC_CLK_TCK"), {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or not Path(os.readlink(entry / "cwd")).is_relative_to(root):
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        found[int(entry.name)] = (command, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+                                  (int(fields[13]) + int(fields[14])) / tick)
+    totals = {kind: 0.0 for _, kind in PROCESS_KINDS}
+    for command, parent, own, reaped in found.values():
+        kind = process_kind(command)
+        if kind is None:
+            continue
+        totals[kind] += own
+        if kind == "SuperExecs":  # a SuperNode's starts ClientApps, the SuperLink's ServerApps
+            parent_kind = process_kind(found.get(parent, ("",))[0])
+            totals["ClientApps" if parent_kind == "SuperNodes" else "ServerApp"] += reaped
+    return totals
+
+
+class CpuSampler:
+    """Reads ``cpu_by_kind(root)`` every ``SAMPLE_SECONDS`` in a thread while in its ``with`` block."""
+
+    SAMPLE_SECONDS = 0.25
+
+    def __init__(self, root: Path):
+        self.root, self.samples = Path(root), []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _sample(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append((time.time(), cpu_by_kind(self.root)))
+            self.stop.wait(self.SAMPLE_SECONDS)
+
+    def between(self, start: float, end: float) -> dict[str, float]:
+        """Each kind's CPU seconds from the last reading at or before ``start`` to the first at or after ``end``."""
+        before = [totals for t, totals in self.samples if t <= start] or [self.samples[0][1]]
+        after = [totals for t, totals in self.samples if t >= end] or [self.samples[-1][1]]
+        return {kind: after[0][kind] - before[-1][kind] for kind in after[0]}
+
+    def per_message(self, messages: list[dict], nodes: int) -> dict[str, float]:
+        """Each kind's median CPU seconds per message over the exchanges of ``messages`` (``steady_messages``: one
+        exchange, a round, per push time): from its push to its last reply, over ``nodes`` messages."""
+        rounds: dict[float, float] = {}
+        for m in messages:
+            rounds[m["pushed"]] = max(rounds.get(m["pushed"], 0.0), m["arrived"])
+        spent = [self.between(pushed, arrived) for pushed, arrived in rounds.items()]
+        return {kind: statistics.median(s[kind] for s in spent) / nodes for kind in spent[0]} if spent else {}
+
+
+def steady_messages(root: Path, nodes: int, exchanges: Path) -> dict[str, list[dict]]:
+    """The timing (``flower.timing``) of every ``train`` message of a round after the first, joined with its
+    reply's arrival at the server, by who answered it: ``floor`` (``node-K/floor.log``) or ``warm`` (hetfl's shims,
+    ``node-K/worker/worker.log``)."""
+    from ..flower.timing import read_timings
+
+    arrivals = {a["message"]: a for a in map(json.loads, exchanges.read_text().splitlines())} if exchanges.exists() \
+        else {}
+    found: dict[str, list[dict]] = {"floor": [], "warm": []}
     for k in range(nodes):
-        log = root / f"node-{k}" / "worker" / "worker.log"
-        lines = log.read_text().splitlines() if log.exists() else []
-        for line in [line for line in lines if "; phases " in line][1:]:
-            for name, seconds in json.loads(line.split("; phases ", 1)[1]).items():
-                found.setdefault(name, []).append(seconds)
+        for kind, log in (("floor", root / f"node-{k}" / "floor.log"), ("warm", root / f"node-{k}" / "worker" /
+                                                                        "worker.log")):
+            lines = log.read_text().splitlines() if log.exists() else []
+            found[kind] += [{**t, **arrivals[t["message"]]} for t in read_timings(lines)
+                            if t["message"] in arrivals and t["round"] not in ("", "1") and t["started"]]
     return found
+
+
+def message_stages(m: dict) -> dict[str, float]:
+    """The stages of one message's time (``flower.timing``), in seconds, with the warm worker's phases."""
+    stages = {"delivery": m["started"] - m["created"], "ClientApp start": m["called"] - m["started"],
+              "work": m["replied"] - m["called"], "return": m["arrived"] - m["replied"],
+              "total": m["arrived"] - m["created"], "ClientApp CPU": m["cpu-replied"]}
+    worker = m.get("worker")
+    if worker:
+        stages |= {"to the worker": worker["accepted"] - m["called"],
+                   "in the worker": worker["done"] - worker["accepted"],
+                   "back from it": m["replied"] - worker["done"], **worker["phases"]}
+    return stages
+
+
+def message_stage_table(messages: list[dict]) -> dict[str, list[float]]:
+    """Each stage's seconds over ``messages``."""
+    table: dict[str, list[float]] = {}
+    for m in messages:
+        for name, seconds in message_stages(m).items():
+            table.setdefault(name, []).append(seconds)
+    return table
 
 
 def run_floor(federation, nodes: int, rounds: int, train_cpu_seconds: float, arrays: dict, timeout: float) -> dict:
@@ -164,11 +285,11 @@ def _hetfl(federation, cfg) -> dict:
 
 
 def report(figures: dict) -> None:
-    """Returns None; prints the bench's table."""
+    """Returns None; prints the bench's tables."""
     nodes = figures["clients_per_round"]
     print(f"FedAvg, CNN on Fashion-MNIST, {nodes} clients per round ({SAMPLES_PER_CLIENT} samples each), "
           f"{figures['rounds']} rounds; Flower: a SuperLink and {nodes} SuperNodes on loopback, {figures['cores']} "
-          "cores")
+          f"cores; the floor and hetfl (warm) took {figures['repeats']} turns each")
     columns = (("simulator", "simulator"), ("floor", "Flower floor"), ("warm", "hetfl, warm"), ("cold", "hetfl, cold"))
     print(f"{'':34}" + "".join(f"{title:>14}" for _, title in columns))
     startup = figures["startup_s"]
@@ -176,7 +297,7 @@ def report(figures: dict) -> None:
                                            for k, _ in columns))
     print(f"{'time per round (s)':34}" + "".join(f"{figures['round_s'][k]:14.2f}" for k, _ in columns))
     print(f"{'/ simulator':34}" + "".join(f"{figures['ratio'][k]:14.2f}" for k, _ in columns))
-    overhead = figures["overhead_per_message_s"]
+    overhead, (low, high) = figures["overhead_per_message_s"], figures["overhead_spread_s"]
     label = "hetfl's overhead per message (s)"
     print(f"{label:34}{'':28}" + "".join(f"{overhead[k]:14.2f}" for k in ("warm", "cold")))
     print(f"The floor's ClientApp spends {figures['floor_train_cpu_seconds']:.2f} CPU-s per message, what a client's "
@@ -186,17 +307,56 @@ def report(figures: dict) -> None:
         print(f"bytes {way} per round: {wire:,.0f} on the wire, {local:,.0f} in the local tensors "
               f"(+{100 * (wire / local - 1):.3f}%: a header per tensor)")
     print(f"Flower's floor: {figures['floor_wire_bytes_per_round']:,.0f} bytes on the wire per round, each way")
-    phases = figures["worker_phases_s"]
-    if phases:
-        count = len(next(iter(phases.values())))
-        print(f"a warm message in its node's worker, median [min..max] over {count} messages (s): " + ", ".join(
-            f"{name} {statistics.median(v):.3f} [{min(v):.3f}..{max(v):.3f}]" for name, v in phases.items()))
-        print(f"training CPU per message: {statistics.median(phases['train-cpu']):.2f} s in the workers ({nodes} at "
-              f"once on {figures['cores']} cores), {figures['floor_train_cpu_seconds']:.2f} s in the simulator alone "
-              "(what the floor burns)")
+    report_stages(figures["stages_s"])
+    report_cpu(figures["cpu_per_message_s"])
     verdict = "met" if overhead["warm"] <= GOAL_PER_MESSAGE_S else "NOT met"
-    print(f"hetfl's overhead per message with warm workers: {overhead['warm']:.2f} s (goal <= {GOAL_PER_MESSAGE_S} s: "
-          f"{verdict}); cold ClientApps: {overhead['cold']:.2f} s")
+    print(f"hetfl's overhead per message with warm workers: {overhead['warm']:.2f} s, median of "
+          f"{figures['repeats']} turns [{low:.2f}..{high:.2f}] (goal <= {GOAL_PER_MESSAGE_S} s: {verdict}); cold "
+          f"ClientApps: {overhead['cold']:.2f} s")
+
+
+def report_stages(stages: dict[str, dict[str, list[float]]]) -> None:
+    """Returns None; prints each stage of a steady message, median [min..max], the floor's against hetfl's, and
+    names the stage where hetfl's message spends the most beyond the floor's."""
+    floor, warm = stages["floor"], stages["warm"]
+    if not floor or not warm:
+        print("(no message timings: they need Linux's /proc)")
+        return
+    print(f"a steady message, median [min..max] over {len(floor['total'])} of the floor's and {len(warm['total'])} "
+          "of hetfl's (s):")
+    outer = ("delivery", "ClientApp start", "work", "return", "total", "ClientApp CPU")
+    print(f"  {'':22}{'Flower floor':>26}{'hetfl, warm':>26}")
+    for name in outer:
+        print(f"  {name:22}{_spread(floor[name]):>26}{_spread(warm[name]):>26}")
+    inner = [name for name in warm if name not in outer]
+    print("  hetfl's work: " + ", ".join(f"{name} {_spread(warm[name])}" for name in inner))
+    extra = {name: statistics.median(warm[name]) - statistics.median(floor[name]) for name in outer[:4]}
+    largest = max(extra, key=extra.get)
+    print("  hetfl beyond the floor, per message: " + ", ".join(f"{k} {v:+.2f} s" for k, v in extra.items())
+          + f"; the largest: {largest}")
+
+
+def report_cpu(cpu: dict[str, dict[str, float]]) -> None:
+    """Returns None; prints each kind of process's CPU seconds per message in the steady rounds, the floor's against
+    hetfl's, and names the kind whose CPU grew most."""
+    floor, warm = cpu.get("floor"), cpu.get("warm")
+    if not floor or not warm:
+        return
+    kinds = [kind for kind in warm if floor[kind] or warm[kind]]
+    print("CPU seconds per message in the steady rounds (median round), the floor / hetfl: " + ", ".join(
+        f"{kind} {floor[kind]:.2f} / {warm[kind]:.2f}" for kind in kinds)
+          + f"; all {sum(floor.values()):.2f} / {sum(warm.values()):.2f}")
+    client = ("ClientApps", "hetfl workers")  # the floor's ClientApp trains; hetfl's hands it to the worker
+    parts = {"the client side (ClientApp and worker)": client,
+             **{kind: (kind,) for kind in kinds if kind not in client}}
+    growth = {name: sum(warm[k] - floor[k] for k in group) for name, group in parts.items()}
+    largest = max(growth, key=growth.get)
+    print("  hetfl beyond the floor, CPU-s per message: " + ", ".join(f"{k} {v:+.2f}" for k, v in growth.items())
+          + f"; the largest: {largest}")
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}..{max(values):.2f}]"
 
 
 def _watch_first_round(metrics: Path, found: dict) -> None:

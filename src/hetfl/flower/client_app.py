@@ -18,6 +18,7 @@ from flwr.common.constant import ErrorCode
 
 from .identity import NodeIdentity
 from .secure_wire import fitres_content, is_secure, secagg_if_asked, work_of
+from .timing import MessageClock
 
 app = ClientApp()
 
@@ -34,6 +35,7 @@ def train(msg: Message, context: Context) -> Message:
     """The reply to ``train``: the client's update of its task, trained on the node's data. Under secure aggregation
     (``secure_wire``: the stage of Flower's SecAgg+ that trains, its work in a legacy FitIns) the reply is the
     client's vector, which ``secaggplus_mod`` masks before it leaves."""
+    clock = MessageClock(msg.metadata.message_id, msg.metadata.created_at, msg.metadata.group_id)  # worker.log's
     node_config = dict(context.node_config)
     node = NodeIdentity.from_config(node_config)
     secure = is_secure(msg.content)
@@ -45,7 +47,7 @@ def train(msg: Message, context: Context) -> Message:
         timeout = meta.created_at + meta.ttl - time.time()  # the server counts the message lost after that
         try:
             reply = worker.ask(node_config, node.state_root, content, timeout,
-                               label=f"message {meta.message_id[:12]} (round {meta.group_id or '?'})")
+                               label=f"message {meta.message_id[:12]} (round {meta.group_id or '?'})", clock=clock)
         except worker.WorkerLost as e:
             if secure:  # secaggplus_mod takes a reply's content: the error travels as the ClientApp's failure
                 raise

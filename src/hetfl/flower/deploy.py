@@ -94,7 +94,8 @@ def deploy(run_dir: Path, num_nodes: int, data_dir: str = "", tls: bool = False,
     configs = node_configs(num_nodes, run_dir / "flower", data_dir, extra)
     lock_run_dir(run_dir)  # refused if another process writes it; the ServerApp takes it over below
     unlock_run_dir(run_dir)
-    with sigterm_interrupts(), Federation(run_dir / "flower", tls=tls, node_auth=node_auth) as federation:
+    with sigterm_interrupts(), \
+            Federation(run_dir / "flower", tls=tls, node_auth=node_auth, nodes=num_nodes) as federation:
         secure = (run_dir / "flower" / "secure-aggregation.json").exists()  # secure.SETTINGS_FILE
         print(f"hetfl: {run_dir}: a SuperLink at {federation.address}{' (TLS)' if federation.tls else ''} and "
               f"{num_nodes} SuperNodes{' (authenticated)' if node_auth else ''}"

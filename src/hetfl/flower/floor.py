@@ -4,8 +4,8 @@ A minimal Flower App, run on the same SuperLink and SuperNodes as hetfl's: its S
 node a ``train`` message holding arrays of the names, shapes and dtypes hetfl sends (zeros) and
 pulls the replies as hetfl's ServerApp does (``grid.exchange``); its ClientApp imports numpy and
 Flower only, stands in for the training by keeping a core busy for as many CPU seconds as a
-client's training takes in the simulator, and replies with the arrays it received (hetfl's FedAvg
-sends as much up as down). A round of it is what Flower itself costs: a ClientApp process per
+client's training takes in the simulator, and replies with arrays of the same sizes, its own (hetfl's
+FedAvg sends as much up as down). A round of it is what Flower itself costs: a ClientApp process per
 message, the SuperNodes' polls, the messages on the wire. hetfl's overhead per message is what a
 round of hetfl costs beyond it, over the messages of the round.
 
@@ -22,7 +22,9 @@ replies and bytes of the arrays that came back.
 from __future__ import annotations
 
 import json
+import os
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -31,16 +33,30 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from .grid import exchange
+from .timing import MessageClock
 
 server = ServerApp()
 client = ClientApp()
 
 
 @client.train()
-def work_and_echo(msg: Message, context: Context) -> Message:
-    """The reply to ``train``: after the training's CPU seconds, the same arrays back."""
+def work_and_reply(msg: Message, context: Context) -> Message:
+    """The reply to ``train``: after the training's CPU seconds, arrays of the names, shapes and dtypes received,
+    filled with a value of this message's own. Not an echo: Flower keeps one copy of each content in its object
+    stores (named by its SHA-256) and pushes only what the receiver lacks, so echoed arrays (the SuperLink still
+    holds them) or ten equal replies would never travel up, where hetfl's updates, each its own, do."""
+    clock = MessageClock(msg.metadata.message_id, msg.metadata.created_at, msg.metadata.group_id)
     busy(float(msg.content["config"]["train-cpu-seconds"]))
-    return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)
+    fill = 1 + zlib.crc32(msg.metadata.message_id.encode()) % 65521
+    arrays = ArrayRecord({name: Array(np.full(array.shape, fill, dtype=array.dtype))
+                          for name, array in msg.content["arrays"].items()})
+    reply = Message(RecordDict({"arrays": arrays}), reply_to=msg)
+    clock.mark("replied")
+    folder = Path(str(context.node_config["state-dir"]))
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "floor.log", "a") as log:  # the bench reads it
+        log.write(f"floor {os.getpid()}: replied{clock.line()}\n")
+    return reply
 
 
 def busy(cpu_seconds: float) -> None:

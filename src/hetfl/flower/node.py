@@ -28,6 +28,7 @@ from ..rundir import atomic_torch_save
 from ..slicing import State
 from ..trainers.schedule import ClientData
 from .identity import NodeIdentity
+from .slots import training_slot
 
 if TYPE_CHECKING:  # Flower is imported by the methods that read and write its records
     from flwr.app import RecordDict
@@ -129,10 +130,12 @@ class NodeTrainer:
         states = OwnStates(self.node.state_root, work.run, task.client)
         own = states.load(work.state_round)
         clock.lap("state-read")
-        cpu = time.process_time()
-        update, own = client_update(work.local, task, data, own, self.models[key])
-        clock.lap("train")
-        clock.phases["train-cpu"] = time.process_time() - cpu
+        with training_slot():  # on a machine whose nodes outnumber its cores, a turn (``slots``)
+            clock.lap("slot-wait")
+            cpu = time.process_time()
+            update, own = client_update(work.local, task, data, own, self.models[key])
+            clock.lap("train")
+            clock.phases["train-cpu"] = time.process_time() - cpu
         if own is not None:
             states.save(task.round, own, work.keep_round)
         clock.lap("state-write")

@@ -49,6 +49,7 @@ from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
 from .. import __version__
 from ..errors import HetflError
+from .timing import MessageClock
 
 FRAME = struct.Struct(">Q")
 START_SECONDS = 120.0  # for a new worker to listen (it imports torch first: seconds on a loaded machine)
@@ -66,12 +67,12 @@ class WorkerFailed(RuntimeError):
 
 # ---- the shim's side (in the ClientApp process: no torch) ----------------------------------------------------------
 def ask(node_config: dict, state_root: Path, content: RecordDict, timeout: float, label: str = "",
-        owner: int | None = None) -> RecordDict:
+        owner: int | None = None, clock: MessageClock | None = None) -> RecordDict:
     """The worker's reply content to a ``train`` message's ``content``, started first if none runs for this node;
     WorkerLost if it dies or has not replied within ``timeout`` seconds, WorkerFailed if its training raised,
     HetflError if the worker folder is not private or a new worker cannot start. ``label`` names the message in
     the worker's log; ``owner``: the process whose end ends the worker (default: the SuperExec that started this
-    ClientApp)."""
+    ClientApp); ``clock``: the message's times (``timing``), completed here with the worker's and logged."""
     folder = private_folder(state_root)
     owner = owner or os.getppid()
     deadline = time.monotonic() + timeout
@@ -79,6 +80,8 @@ def ask(node_config: dict, state_root: Path, content: RecordDict, timeout: float
     with sock:
         pid = peer_pid(sock)
         log(folder, f"shim {os.getpid()}: {label}: handed to worker {pid}")
+        if clock is not None:
+            clock.mark("handed")
         try:
             sock.settimeout(max(0.1, deadline - time.monotonic()))
             send_frame(sock, json.dumps({"node": node_config}).encode())
@@ -86,7 +89,12 @@ def ask(node_config: dict, state_root: Path, content: RecordDict, timeout: float
             header = json.loads(recv_frame(sock))
             if "error" in header:
                 raise WorkerFailed(header["error"])
-            return parse_content(recv_frame(sock))
+            reply = parse_content(recv_frame(sock))
+            if clock is not None:
+                clock.mark("replied")
+                clock.times["worker"] = header  # when it took the message and replied, and its phases
+                log(folder, f"shim {os.getpid()}: {label}: replied{clock.line()}")
+            return reply
         except TimeoutError:
             if pid:
                 _kill(pid)  # a hung worker would hang every later message too
@@ -256,7 +264,11 @@ def serve(folder: Path, owner: int) -> None:
     listener.listen(8)
     os.replace(staging, path)  # shims see the socket only once it accepts connections
     threading.Thread(target=_exit_with, args=(owner, path), daemon=True).start()
-    log(folder, f"worker {os.getpid()}: listening for the ClientApps of {owner}")
+    import torch
+
+    threads = torch.get_num_threads()  # OMP_NUM_THREADS, which a Federation sets from its nodes per core
+    log(folder, f"worker {os.getpid()}: listening for the ClientApps of {owner}, training with {threads} torch "
+        f"thread{'s' if threads > 1 else ''}")
     trainers: dict[str, NodeTrainer] = {}
     while True:
         conn, _ = listener.accept()
@@ -273,7 +285,7 @@ def handle(conn: socket.socket, folder: Path, trainers: dict) -> None:
     if peer_uid(conn) not in (None, os.getuid()):
         log(folder, f"worker {os.getpid()}: refused a connection from uid {peer_uid(conn)}")
         return
-    started = time.perf_counter()
+    accepted, started = time.time(), time.perf_counter()
     try:
         header = json.loads(recv_frame(conn))
         received = time.perf_counter()
@@ -295,11 +307,12 @@ def handle(conn: socket.socket, folder: Path, trainers: dict) -> None:
         _send_quietly(conn, json.dumps({"error": message}).encode())
         return
     done = time.perf_counter()
-    _send_quietly(conn, b"{}", reply)
-    # where a warm message's time goes (``bench flower`` reads these lines): the request's frames, the node's
-    # trainer made (first message), its phases (``NodeTrainer.phases``), the reply's protobuf and its sending
+    # where a warm message's time goes (the shim's timing line carries them to ``bench flower``): the request's
+    # frames, the node's trainer made (first message), its phases (``NodeTrainer.phases``), the reply's protobuf
     phases = {"header": received - started, "receive+parse": parsed - received, "setup": ready - parsed,
-              **trainers[key].phases, "serialise": done - trained, "reply": time.perf_counter() - done}
+              **trainers[key].phases, "serialise": done - trained}
+    _send_quietly(conn, json.dumps({"accepted": accepted, "done": time.time(), "phases": phases}).encode(), reply)
+    phases["reply"] = time.perf_counter() - done
     log(folder, f"worker {os.getpid()}: trained in {done - started:.2f} s; phases "
         + json.dumps({k: round(v, 4) for k, v in phases.items()}))
 
