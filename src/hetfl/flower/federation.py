@@ -106,9 +106,10 @@ class Federation:
         self.procs: list[subprocess.Popen] = []
         self.nodes: dict[str, tuple[list[str], subprocess.Popen, float]] = {}  # name -> command, process, started
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
-        threads = os.environ.get("OMP_NUM_THREADS") or str(node_threads(nodes, cores()))
-        shared = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(poll_interval(nodes, cores())), "OMP_NUM_THREADS": threads}
-        slots = max(1, cores() // max(1, int(threads) if threads.isdigit() else 1))
+        machine = cores()
+        threads = os.environ.get("OMP_NUM_THREADS") or str(node_threads(nodes, machine))
+        shared = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(poll_interval(nodes, machine)), "OMP_NUM_THREADS": threads}
+        slots = max(1, machine // (int(threads) if threads.isdigit() and int(threads) > 0 else 1))
         if nodes > slots:  # more nodes than the cores run at once: their trainings take turns (``slots``)
             shared |= {SLOTS_ENV: str(slots), SLOTS_DIR_ENV: str(self.root / "slots")}
         self.env = {**os.environ, **FLOWER_ENV, **shared, "FLWR_HOME": str(self.root / "home"),
