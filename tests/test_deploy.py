@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -368,7 +369,7 @@ def test_the_floors_replies_are_arrays_of_its_own_of_the_sizes_it_got_and_it_log
                       run_config={})
     replies = []
     for k in range(2):
-        message = Message(RecordDict({"arrays": sent, "config": ConfigRecord({"train-cpu-seconds": 0.05})}), 7,
+        message = Message(RecordDict({"arrays": sent, "config": ConfigRecord({"work-units": 3})}), 7,
                           "train", group_id="2")
         message.metadata.__dict__["_message_id"] = f"{k + 1:064x}"
         replies.append(work_and_reply(message, context).content["arrays"])
@@ -378,7 +379,26 @@ def test_the_floors_replies_are_arrays_of_its_own_of_the_sizes_it_got_and_it_log
     assert not np.array_equal(first, second) and not np.array_equal(first, sent["w"].numpy())
     timings = read_timings((tmp_path / "node" / "floor.log").read_text().splitlines())
     assert [t["round"] for t in timings] == ["2", "2"] and [t["message"] for t in timings] == [f"{1:064x}", f"{2:064x}"]
-    assert all(t["called"] <= t["replied"] and t["cpu-replied"] - t["cpu-called"] >= 0.05 for t in timings)
+    assert all(t["called"] <= t["replied"] and t["cpu-replied"] - t["cpu-called"] > 0 for t in timings)
+
+
+def test_the_floors_work_is_a_count_of_steps_that_take_the_cpu_seconds_it_was_sized_for():
+    pytest.importorskip("flwr")
+    from hetfl.flower.floor import units_for, work
+
+    units = units_for(0.3, sample_seconds=0.2)
+    started = time.process_time()
+    work(units)
+    assert 0.1 <= time.process_time() - started <= 0.9  # a factor of 3 either way: the machine may be busy
+    assert units_for(0.0, sample_seconds=0.01) == 1  # never nothing: a message always works
+
+
+def test_bench_flower_times_the_rounds_after_the_first_less_their_evaluation():
+    from hetfl.bench.flower import steady_round
+
+    history = [{"seconds": 9.0, "eval_seconds": 0.0}, {"seconds": 3.0, "eval_seconds": 0.0},
+               {"seconds": 5.5, "eval_seconds": 2.0}]
+    assert steady_round(history) == 3.25
 
 
 def test_bench_flower_splits_a_message_into_its_stages_and_counts_cpu_between_readings(tmp_path):

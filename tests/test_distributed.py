@@ -54,7 +54,7 @@ def assert_same_weights(a: Path, b: Path) -> None:
 def records(run_dir: Path) -> list[dict]:
     """What a run measured each round, less its timing."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+    return [{k: v for k, v in r.items() if k not in ("seconds", "eval_seconds")} for r in rows]
 
 
 def only_run(out: Path) -> Path:

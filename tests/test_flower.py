@@ -155,13 +155,14 @@ def test_flower_runs_give_the_simulators_weights_over_tls_with_authenticated_nod
 @pytest.mark.soak
 def test_the_floor_app_round_trips_messages_of_the_sizes_it_is_given(federation):
     from hetfl.bench.flower import run_floor
+    from hetfl.flower.floor import units_for
 
     arrays = {"conv.weight": [[16, 1, 3, 3], "float32"], "bn.num_batches_tracked": [[], "int64"]}
-    got = run_floor(federation, nodes=3, rounds=2, train_cpu_seconds=0.2, arrays=arrays, timeout=120)
+    got = run_floor(federation, nodes=3, rounds=2, work_units=units_for(0.2), arrays=arrays, timeout=120)
     assert got["nodes"] == 3 and got["replies"] == [3, 3]  # the intruder took no part
     payload = 16 * 9 * 4 + 8
     assert all(3 * payload < b <= 3 * (payload + 2 * 128) for b in got["bytes_up"]), got  # plus a header per array
-    assert all(s >= 0.2 for s in got["seconds"])
+    assert all(s >= 0.1 for s in got["seconds"])  # the work's 0.2 CPU-s, give or take the machine's load
     for k in range(3):  # each message's times, for bench flower
         timings = read_timings((federation.root / f"node-{k}" / "floor.log").read_text().splitlines())
         assert [t["round"] for t in timings] == ["1", "2"]

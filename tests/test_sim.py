@@ -22,11 +22,14 @@ def test_alllarge_learns_digits_well_above_chance(tiny_cfg):
 
 
 def test_run_folder_contents(tiny_cfg):
-    summary = Simulation(tiny_cfg(name="r1")).run(progress=False)
+    summary = Simulation(tiny_cfg(name="r1", eval_every=2)).run(progress=False)
     run = tiny_cfg().out + "/r1"
     assert summary["run_dir"] == run
-    lines = open(f"{run}/metrics.jsonl").read().splitlines()
-    assert [json.loads(l)["round"] for l in lines] == [1, 2, 3]
+    records = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
+    assert [r["round"] for r in records] == [1, 2, 3]
+    # a round's seconds hold its evaluation's, measured apart: rounds 2 (every 2nd) and 3 (the last) evaluate
+    assert [bool(r["eval"]) for r in records] == [r["eval_seconds"] > 0 for r in records] == [False, True, True]
+    assert all(r["eval_seconds"] < r["seconds"] for r in records)
     assert json.load(open(f"{run}/config.json"))["dataset"] == "digits"
     assert json.load(open(f"{run}/summary.json"))["rounds"] == 3
     assert summary["bytes_down_per_round"] > 0

@@ -65,7 +65,8 @@ class RoundLog:
     train_loss: float | None = None  # None when no client took part
     bytes_down: int = 0
     bytes_up: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole round's, its evaluation's included
+    eval_seconds: float = 0.0  # the evaluation's part of them (0 in a round that does not evaluate)
     eval: dict = field(default_factory=dict)
     local_accuracy: float | None = None  # mean over clients of their level model on their own test split
     dropped: int = 0  # updates rejected before aggregation (len(rejected))
@@ -479,7 +480,9 @@ class Simulation:
             log = self.run_round(t)
             crash_point("round-trained")  # every rank passes it (tests kill one rank of a team here)
             if t % cfg.eval_every == 0 or t == cfg.rounds:
+                evaluating = time.perf_counter()
                 log.eval, log.local_accuracy = self.evaluate(t, lambda model: step(f"round {t}, evaluating {model}"))
+                log.eval_seconds = time.perf_counter() - evaluating
             bar.set_description_str(cfg.method, refresh=False)
             log.seconds = time.perf_counter() - started
             self.elapsed += log.seconds

@@ -6,13 +6,15 @@ rounds, evaluated after the last one. On Flower every client is a SuperNode (as 
 starts them), so the bench runs 10 clients, all in every round, on the first 6000 training samples
 (written as an .npz that the simulator and every node read).
 
-Four columns, each the median time of a round that neither starts its run nor evaluates:
+Four columns, each the median time of a round after the first (which starts the run), its evaluation's seconds
+left out (the floor does not evaluate):
 
 * the simulator;
 * Flower's floor (``flower.floor``): a numpy-only ClientApp on the same SuperLink and SuperNodes,
-  with hetfl's message sizes, that keeps a core busy for the CPU seconds a client's training takes
-  in the simulator (its steady rounds' CPU time over the clients) instead of training, and replies
-  with arrays of its own. The floor is what Flower costs plus that training;
+  with hetfl's message sizes, that does as much numpy work as a client's training instead of training
+  (steps of a convolution, as many as take the CPU seconds of a client's training in the simulator,
+  counted once on the idle machine), and replies with arrays of its own. The floor is what Flower
+  costs plus that training;
 * hetfl on Flower with the nodes' warm workers (the default);
 * hetfl on Flower with cold ClientApps (``worker=off``: each message's process imports torch,
   loads the data and builds the model), on a second federation.
@@ -60,16 +62,18 @@ def bench_config(folder: Path, nodes: int, rounds: int):
                             levels=1, rounds=rounds, eval_every=rounds, out=str(folder)))
 
 
-def steady_rounds(seconds: list[float], evaluated: list[bool]) -> float:
-    """The median of the rounds' ``seconds`` that neither start the run nor evaluate (all of them if none)."""
-    steady = [s for s, e in zip(seconds[1:], evaluated[1:]) if not e]
-    return statistics.median(steady or seconds)
+def steady_round(history: list[dict]) -> float:
+    """The median over a run's round records after the first (which starts the run) of their seconds less their
+    evaluation's."""
+    seconds = [r["seconds"] - r["eval_seconds"] for r in history]
+    return statistics.median(seconds[1:] or seconds)
 
 
 def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: str | None = None) -> dict:
     """The figures of the bench (also printed); runs go to ``out`` (default: a temporary folder, removed)."""
     from ..flower.deploy import node_configs, sigterm_interrupts
     from ..flower.federation import Federation, cores
+    from ..flower.floor import units_for
     from ..flower.timing import EXCHANGE_LOG
 
     with sigterm_interrupts(), tempfile.TemporaryDirectory() as tmp:
@@ -82,9 +86,10 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: st
         sim_startup = time.perf_counter() - started
         cpu.append(time.process_time())
         sim.run(progress=False)
-        evaluated = [bool(r["eval"]) for r in sim.history]
-        sim_round = steady_rounds([r["seconds"] for r in sim.history], evaluated)
-        train_cpu_seconds = steady_rounds([b - a for a, b in zip(cpu, cpu[1:])], evaluated) / nodes
+        sim_round = steady_round(sim.history)
+        trained = [b - a for (a, b), r in zip(zip(cpu, cpu[1:]), sim.history) if r["round"] > 1 and not r["eval"]]
+        train_cpu_seconds = statistics.median(trained) / nodes
+        work_units = units_for(train_cpu_seconds)
         arrays = {name: [list(t.shape), str(t.numpy().dtype)] for name, t in sim.global_state.items()}
 
         turns = []  # (the floor's steady round, hetfl's), taking turns on one federation
@@ -94,7 +99,7 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: st
             for k, config in enumerate(node_configs(nodes, federation.root)):
                 federation.add_node(str(k), config)
             for turn in range(1, repeats + 1):
-                floor = run_floor(federation, nodes, cfg.rounds, train_cpu_seconds, arrays, cfg.round_timeout)
+                floor = run_floor(federation, nodes, cfg.rounds, work_units, arrays, cfg.round_timeout)
                 warm = _hetfl(federation, cfg.replace(name=f"flower-warm-{turn}"))
                 turns.append((statistics.median(floor["seconds"][1:]), warm["round"]))
                 print(f"turn {turn}/{repeats}: a steady round takes {turns[-1][0]:.2f} s as Flower's floor, "
@@ -111,7 +116,7 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: st
     per_turn = [(w - f) / nodes for f, w in turns]
     figures = {
         "rounds": cfg.rounds, "clients_per_round": nodes, "repeats": repeats, "cores": cores(),
-        "floor_train_cpu_seconds": train_cpu_seconds,
+        "floor_train_cpu_seconds": train_cpu_seconds, "floor_work_units": work_units,
         "startup_s": {"simulator": sim_startup, "warm": warm["startup"], "cold": cold["startup"]},
         "round_s": {"simulator": sim_round, "floor": floor_round, "warm": statistics.median(w for _, w in turns),
                     "cold": cold["round"]},
@@ -248,12 +253,13 @@ def message_stage_table(messages: list[dict]) -> dict[str, list[float]]:
     return table
 
 
-def run_floor(federation, nodes: int, rounds: int, train_cpu_seconds: float, arrays: dict, timeout: float) -> dict:
-    """The floor app's rounds on ``federation`` (``flower.floor``): their seconds, replies and bytes up."""
+def run_floor(federation, nodes: int, rounds: int, work_units: int, arrays: dict, timeout: float) -> dict:
+    """The floor app's rounds on ``federation`` (``flower.floor``), each node's message doing ``work_units`` of
+    ``floor.work``: their seconds, replies and bytes up."""
     from ..flower.deploy import DeployFailed, app_pyproject, write_app
 
     spec, result = federation.root / "floor-spec.json", federation.root / "floor-result.json"
-    spec.write_text(json.dumps({"nodes": nodes, "rounds": rounds, "train_cpu_seconds": train_cpu_seconds, "arrays": arrays,
+    spec.write_text(json.dumps({"nodes": nodes, "rounds": rounds, "work_units": work_units, "arrays": arrays,
                                 "timeout": timeout, "out": str(result)}))
     app = write_app(federation.root / "floor-app", app_pyproject(
         "hetfl-floor", "Flower's floor for hetfl's bench: a numpy-only ClientApp standing in for training",
@@ -281,7 +287,7 @@ def _hetfl(federation, cfg) -> dict:
     run_on(federation, run_dir)
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"startup": first_round["at"] - started - history[0]["seconds"], "history": history,
-            "round": steady_rounds([r["seconds"] for r in history], [bool(r["eval"]) for r in history])}
+            "round": steady_round(history)}
 
 
 def report(figures: dict) -> None:
@@ -300,8 +306,9 @@ def report(figures: dict) -> None:
     overhead, (low, high) = figures["overhead_per_message_s"], figures["overhead_spread_s"]
     label = "hetfl's overhead per message (s)"
     print(f"{label:34}{'':28}" + "".join(f"{overhead[k]:14.2f}" for k in ("warm", "cold")))
-    print(f"The floor's ClientApp spends {figures['floor_train_cpu_seconds']:.2f} CPU-s per message, what a client's "
-          "training takes in the simulator.")
+    print(f"The floor's ClientApp does {figures['floor_work_units']} steps of numpy work per message, "
+          f"{figures['floor_train_cpu_seconds']:.2f} CPU-s on the idle machine: what a client's training takes in the "
+          "simulator.")
     for way in ("down", "up"):
         wire, local = figures[f"wire_bytes_{way}_per_round"], figures[f"local_bytes_{way}_per_round"]
         print(f"bytes {way} per round: {wire:,.0f} on the wire, {local:,.0f} in the local tensors "

@@ -3,18 +3,23 @@
 A minimal Flower App, run on the same SuperLink and SuperNodes as hetfl's: its ServerApp sends every
 node a ``train`` message holding arrays of the names, shapes and dtypes hetfl sends (zeros) and
 pulls the replies as hetfl's ServerApp does (``grid.exchange``); its ClientApp imports numpy and
-Flower only, stands in for the training by keeping a core busy for as many CPU seconds as a
-client's training takes in the simulator, and replies with arrays of the same sizes, its own (hetfl's
-FedAvg sends as much up as down). A round of it is what Flower itself costs: a ClientApp process per
-message, the SuperNodes' polls, the messages on the wire. hetfl's overhead per message is what a
-round of hetfl costs beyond it, over the messages of the round.
+Flower only, stands in for the training with as much numpy work as a client's training (``work``,
+sized by ``units_for``), and replies with arrays of the same sizes, its own (hetfl's FedAvg sends as
+much up as down). A round of it is what Flower itself costs: a ClientApp process per message, the
+SuperNodes' polls, the messages on the wire. hetfl's overhead per message is what a round of hetfl
+costs beyond it, over the messages of the round.
 
-Why CPU seconds and not a sleep: on one machine the nodes share its cores, and a client's training
-competes for them with Flower's own processes (each message's ClientApp start-up); a sleeping
-stand-in would not, and that contention would be counted as hetfl's. On a fleet of devices, one
-per node, the two are the same.
+Why work and not a sleep: on one machine the nodes share its cores, and a client's training competes
+for them with Flower's own processes (each message's ClientApp start-up); a sleeping stand-in would
+not, and that contention would be counted as hetfl's. On a fleet of devices, one per node, the two
+are the same. Why a fixed amount of work and not of CPU seconds: a training's CPU seconds grow when
+the cores are shared or the machine has a slow minute (its tensors, tens of MB, fall out of the
+caches); a stand-in that stops after fixed CPU seconds would not slow down with it, and the
+difference would be counted as hetfl's. So the work is a training step's shape (a convolution's
+im2col product forward and its weight gradient back, a working set of 19 MB) repeated a fixed number
+of times, calibrated once on the bench's idle process to the CPU seconds of the simulator's training.
 
-Its run config names ``spec``, a JSON file: ``nodes``, ``rounds``, ``train_cpu_seconds``, ``timeout``,
+Its run config names ``spec``, a JSON file: ``nodes``, ``rounds``, ``work_units``, ``timeout``,
 ``arrays`` (name -> [shape, dtype]) and ``out``, where the ServerApp writes each round's seconds,
 replies and bytes of the arrays that came back.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 import zlib
 from pathlib import Path
@@ -41,12 +47,12 @@ client = ClientApp()
 
 @client.train()
 def work_and_reply(msg: Message, context: Context) -> Message:
-    """The reply to ``train``: after the training's CPU seconds, arrays of the names, shapes and dtypes received,
+    """The reply to ``train``: after the training's work, arrays of the names, shapes and dtypes received,
     filled with a value of this message's own. Not an echo: Flower keeps one copy of each content in its object
     stores (named by its SHA-256) and pushes only what the receiver lacks, so echoed arrays (the SuperLink still
     holds them) or ten equal replies would never travel up, where hetfl's updates, each its own, do."""
     clock = MessageClock(msg.metadata.message_id, msg.metadata.created_at, msg.metadata.group_id)
-    busy(float(msg.content["config"]["train-cpu-seconds"]))
+    work(int(msg.content["config"]["work-units"]))
     fill = 1 + zlib.crc32(msg.metadata.message_id.encode()) % 65521
     arrays = ArrayRecord({name: Array(np.full(array.shape, fill, dtype=array.dtype))
                           for name, array in msg.content["arrays"].items()})
@@ -59,12 +65,39 @@ def work_and_reply(msg: Message, context: Context) -> Message:
     return reply
 
 
-def busy(cpu_seconds: float) -> None:
-    """Returns None once this process has used ``cpu_seconds`` more of CPU time (on one thread)."""
-    end = time.process_time() + cpu_seconds
-    block = np.ones((64, 64))
-    while time.process_time() < end:
-        block = block @ block / 64.0
+PATCHES, PATCH_SIZE, CHANNELS = 8192, 576, 64  # a 3x3 convolution over 64 channels, im2col form: 19 MB of patches
+
+
+def work(units: int) -> None:
+    """Returns None after ``units`` steps of a training-like workload (``step``)."""
+    patches, weight = operands()
+    for _ in range(units):
+        step(patches, weight)
+
+
+def operands() -> tuple[np.ndarray, np.ndarray]:
+    """The patches and the weight of ``step``'s convolution."""
+    return (np.full((PATCHES, PATCH_SIZE), 0.01, dtype=np.float32),
+            np.full((PATCH_SIZE, CHANNELS), 0.01, dtype=np.float32))
+
+
+def step(patches: np.ndarray, weight: np.ndarray) -> None:
+    """Returns None; updates ``weight`` in place after a convolution's forward as an im2col product with a ReLU and
+    its weight gradient (float32, on the threads numpy's BLAS is given)."""
+    activations = np.maximum(patches @ weight, 0.0)
+    weight -= 1e-6 * (patches.T @ activations)
+
+
+def units_for(cpu_seconds: float, sample_seconds: float = 2.0) -> int:
+    """The steps of ``work`` that take ``cpu_seconds`` of this process's CPU on this machine now: the median step's
+    CPU time over about ``sample_seconds`` of steps (at least 5)."""
+    patches, weight = operands()
+    steps, sampled = [], time.process_time()
+    while len(steps) < 5 or time.process_time() - sampled < sample_seconds:
+        started = time.process_time()
+        step(patches, weight)
+        steps.append(time.process_time() - started)
+    return max(1, round(cpu_seconds / statistics.median(steps)))
 
 
 @server.main()
@@ -79,7 +112,7 @@ def rounds(grid: Grid, context: Context) -> None:
     for r in range(1, spec["rounds"] + 1):
         started = time.perf_counter()
         messages = {n: Message(RecordDict({"arrays": arrays, "config": ConfigRecord(
-            {"train-cpu-seconds": spec["train_cpu_seconds"], "node": n})}), n, "train", ttl=spec["timeout"], group_id=str(r))
+            {"work-units": spec["work_units"], "node": n})}), n, "train", ttl=spec["timeout"], group_id=str(r))
             for n in nodes}  # one content per node, as hetfl sends
         got = exchange(grid, messages, spec["timeout"])
         seconds.append(time.perf_counter() - started)
