@@ -364,7 +364,8 @@ def test_the_floors_replies_are_arrays_of_its_own_of_the_sizes_it_got_and_it_log
 
     for key in ("_task_id", "_run_id", "_node_id"):
         monkeypatch.setattr(TaskIdentity, key, 1)
-    sent = ArrayRecord({"w": Array(np.zeros((4, 3), dtype="float32")), "n": Array(np.zeros((), dtype="int64"))})
+    sent = ArrayRecord({"w": Array(np.zeros((4, 3), dtype="float32")), "v": Array(np.zeros((4, 3), dtype="float32")),
+                        "n": Array(np.zeros((), dtype="int64"))})
     context = Context(run_id=1, node_id=7, node_config={"state-dir": str(tmp_path / "node")}, state=RecordDict(),
                       run_config={})
     replies = []
@@ -377,6 +378,9 @@ def test_the_floors_replies_are_arrays_of_its_own_of_the_sizes_it_got_and_it_log
     assert all({name: (a.shape, a.dtype) for name, a in got.items()} == sizes for got in replies)
     first, second = (got["w"].numpy() for got in replies)  # an echo, or equal replies, would not travel up
     assert not np.array_equal(first, second) and not np.array_equal(first, sent["w"].numpy())
+    for got in replies:  # two alike in one message would travel as one, where a model's arrays all travel
+        assert not np.array_equal(got["w"].numpy(), got["v"].numpy())
+        assert len({a.object_id for a in got.values()}) == 3
     timings = read_timings((tmp_path / "node" / "floor.log").read_text().splitlines())
     assert [t["round"] for t in timings] == ["2", "2"] and [t["message"] for t in timings] == [f"{1:064x}", f"{2:064x}"]
     assert all(t["called"] <= t["replied"] and t["cpu-replied"] - t["cpu-called"] > 0 for t in timings)

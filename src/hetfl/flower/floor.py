@@ -1,7 +1,7 @@
 """Flower's floor: the least a round on Flower costs, with hetfl's message sizes (``hetfl bench flower``).
 
 A minimal Flower App, run on the same SuperLink and SuperNodes as hetfl's: its ServerApp sends every
-node a ``train`` message holding arrays of the names, shapes and dtypes hetfl sends (zeros) and
+node a ``train`` message holding arrays of the names, shapes and dtypes hetfl sends (no two alike) and
 pulls the replies as hetfl's ServerApp does (``grid.exchange``); its ClientApp imports numpy and
 Flower only, stands in for the training with as much numpy work as a client's training (``work``,
 sized by ``units_for``), and replies with arrays of the same sizes, its own (hetfl's FedAvg sends as
@@ -47,15 +47,13 @@ client = ClientApp()
 
 @client.train()
 def work_and_reply(msg: Message, context: Context) -> Message:
-    """The reply to ``train``: after the training's work, arrays of the names, shapes and dtypes received,
-    filled with a value of this message's own. Not an echo: Flower keeps one copy of each content in its object
-    stores (named by its SHA-256) and pushes only what the receiver lacks, so echoed arrays (the SuperLink still
-    holds them) or ten equal replies would never travel up, where hetfl's updates, each its own, do."""
+    """The reply to ``train``: after the training's work, arrays of the names, shapes and dtypes received, of this
+    message's own (``distinct_arrays``): not an echo, which would never travel up (the SuperLink still holds it)."""
     clock = MessageClock(msg.metadata.message_id, msg.metadata.created_at, msg.metadata.group_id)
     work(int(msg.content["config"]["work-units"]))
-    fill = 1 + zlib.crc32(msg.metadata.message_id.encode()) % 65521
-    arrays = ArrayRecord({name: Array(np.full(array.shape, fill, dtype=array.dtype))
-                          for name, array in msg.content["arrays"].items()})
+    received = msg.content["arrays"]
+    base = 1 + len(received) * (1 + zlib.crc32(msg.metadata.message_id.encode()) % 65521)  # above the server's
+    arrays = distinct_arrays({name: (array.shape, array.dtype) for name, array in received.items()}, base)
     reply = Message(RecordDict({"arrays": arrays}), reply_to=msg)
     clock.mark("replied")
     folder = Path(str(context.node_config["state-dir"]))
@@ -66,6 +64,15 @@ def work_and_reply(msg: Message, context: Context) -> Message:
 
 
 PATCHES, PATCH_SIZE, CHANNELS = 8192, 576, 64  # a 3x3 convolution over 64 channels, im2col form: 19 MB of patches
+
+
+def distinct_arrays(arrays: dict[str, tuple], base: int) -> ArrayRecord:
+    """Arrays of the names, shapes and dtypes ``arrays`` gives (name -> (shape, dtype)), the k-th filled with
+    ``base + k``. No two alike, as no two of a model's are: Flower's object stores keep one copy of each content
+    (named by its SHA-256) and push only what the receiver lacks, even within one message, so arrays of zeros, or
+    of one value, would travel as one per shape (27 objects a message where hetfl's CNN sends 49)."""
+    return ArrayRecord({name: Array(np.full(shape, base + k, dtype=dtype))
+                        for k, (name, (shape, dtype)) in enumerate(arrays.items())})
 
 
 def work(units: int) -> None:
@@ -104,7 +111,7 @@ def units_for(cpu_seconds: float, sample_seconds: float = 2.0) -> int:
 def rounds(grid: Grid, context: Context) -> None:
     """Returns None; runs the spec's rounds over every node and writes their seconds to the spec's ``out``."""
     spec = json.loads(Path(str(context.run_config["spec"])).read_text())
-    arrays = ArrayRecord({name: Array(np.zeros(shape, dtype=dtype)) for name, (shape, dtype) in spec["arrays"].items()})
+    arrays = distinct_arrays(spec["arrays"], 1)  # one model for every node, as hetfl's: Flower stores it once
     deadline = time.monotonic() + spec["timeout"]
     while len(nodes := sorted(grid.get_node_ids())) < spec["nodes"] and time.monotonic() < deadline:
         time.sleep(0.5)
