@@ -2,10 +2,10 @@
 
 A minimal Flower App, run on the same SuperLink and SuperNodes as hetfl's: its ServerApp sends every
 node a ``train`` message holding arrays of the names, shapes and dtypes hetfl sends (no two alike) and
-pulls the replies as hetfl's ServerApp does (``grid.exchange``); its ClientApp imports numpy and
-Flower only, stands in for the training with as much numpy work as a client's training (``work``,
-sized by ``units_for``), and replies with arrays of the same sizes, its own (hetfl's FedAvg sends as
-much up as down). A round of it is what Flower itself costs: a ClientApp process per message, the
+pulls the replies as hetfl's ServerApp does (``grid.exchange``); its ClientApp imports numpy, Flower
+and two torch-free modules of hetfl's (``timing``, ``slots``) only, stands in for the training with
+as much numpy work as a client's training (``work``, sized by ``units_for``), and replies with arrays
+of the same sizes, its own (hetfl's FedAvg sends as much up as down). A round of it is what Flower itself costs: a ClientApp process per message, the
 SuperNodes' polls, the messages on the wire. hetfl's overhead per message is what a round of hetfl
 costs beyond it, over the messages of the round.
 
@@ -18,6 +18,9 @@ caches); a stand-in that stops after fixed CPU seconds would not slow down with 
 difference would be counted as hetfl's. So the work is a training step's shape (a convolution's
 im2col product forward and its weight gradient back, a working set of 19 MB) repeated a fixed number
 of times, calibrated once on the bench's idle process to the CPU seconds of the simulator's training.
+On a machine whose nodes outnumber its cores the work takes turns in the training slots (``slots``),
+as hetfl's trainings do: ten stand-ins at once on two cores would thrash each other's caches, and a
+floor slowed by that would flatter hetfl.
 
 Its run config names ``spec``, a JSON file: ``nodes``, ``rounds``, ``work_units``, ``timeout``,
 ``arrays`` (name -> [shape, dtype]) and ``out``, where the ServerApp writes each round's seconds,
@@ -39,6 +42,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from .grid import exchange
+from .slots import training_slot
 from .timing import MessageClock
 
 server = ServerApp()
@@ -50,7 +54,8 @@ def work_and_reply(msg: Message, context: Context) -> Message:
     """The reply to ``train``: after the training's work, arrays of the names, shapes and dtypes received, of this
     message's own (``distinct_arrays``): not an echo, which would never travel up (the SuperLink still holds it)."""
     clock = MessageClock(msg.metadata.message_id, msg.metadata.created_at, msg.metadata.group_id)
-    work(int(msg.content["config"]["work-units"]))
+    with training_slot():  # the work takes turns as hetfl's trainings do (``slots``), not ten at once on two cores
+        work(int(msg.content["config"]["work-units"]))
     received = msg.content["arrays"]
     base = 1 + len(received) * (1 + zlib.crc32(msg.metadata.message_id.encode()) % 65521)  # above the server's
     arrays = distinct_arrays({name: (array.shape, array.dtype) for name, array in received.items()}, base)
