@@ -11,10 +11,10 @@ left out (the floor does not evaluate):
 
 * the simulator;
 * Flower's floor (``flower.floor``): a numpy-only ClientApp on the same SuperLink and SuperNodes,
-  with hetfl's message sizes, that does as much numpy work as a client's training instead of training
-  (steps of a convolution, as many as take the CPU seconds of a client's training in the simulator,
-  counted once on the idle machine), and replies with arrays of its own. The floor is what Flower
-  costs plus that training;
+  sent hetfl's messages array for array (no two alike), that does as much numpy work as a client's
+  training instead of training (steps of a convolution, as many as take the CPU seconds of a client's
+  training in the simulator, counted once on the idle machine; in the training slots, as hetfl's
+  trainings), and replies with arrays of its own. The floor is what Flower costs plus that training;
 * hetfl on Flower with the nodes' warm workers (the default);
 * hetfl on Flower with cold ClientApps (``worker=off``: each message's process imports torch,
   loads the data and builds the model), on a second federation.

@@ -5,9 +5,9 @@ node a ``train`` message holding arrays of the names, shapes and dtypes hetfl se
 pulls the replies as hetfl's ServerApp does (``grid.exchange``); its ClientApp imports numpy, Flower
 and two torch-free modules of hetfl's (``timing``, ``slots``) only, stands in for the training with
 as much numpy work as a client's training (``work``, sized by ``units_for``), and replies with arrays
-of the same sizes, its own (hetfl's FedAvg sends as much up as down). A round of it is what Flower itself costs: a ClientApp process per message, the
-SuperNodes' polls, the messages on the wire. hetfl's overhead per message is what a round of hetfl
-costs beyond it, over the messages of the round.
+of the same sizes, its own (hetfl's FedAvg sends as much up as down). A round of it is what Flower
+itself costs: a ClientApp process per message, the SuperNodes' polls, the messages on the wire.
+hetfl's overhead per message is what a round of hetfl costs beyond it, over the messages of the round.
 
 Why work and not a sleep: on one machine the nodes share its cores, and a client's training competes
 for them with Flower's own processes (each message's ClientApp start-up); a sleeping stand-in would
@@ -68,9 +68,6 @@ def work_and_reply(msg: Message, context: Context) -> Message:
     return reply
 
 
-PATCHES, PATCH_SIZE, CHANNELS = 8192, 576, 64  # a 3x3 convolution over 64 channels, im2col form: 19 MB of patches
-
-
 def distinct_arrays(arrays: dict[str, tuple], base: int) -> ArrayRecord:
     """Arrays of the names, shapes and dtypes ``arrays`` gives (name -> (shape, dtype)), the k-th filled with
     ``base + k``. No two alike, as no two of a model's are: Flower's object stores keep one copy of each content
@@ -85,6 +82,9 @@ def work(units: int) -> None:
     patches, weight = operands()
     for _ in range(units):
         step(patches, weight)
+
+
+PATCHES, PATCH_SIZE, CHANNELS = 8192, 576, 64  # a 3x3 convolution over 64 channels, im2col form: 19 MB of patches
 
 
 def operands() -> tuple[np.ndarray, np.ndarray]:
