@@ -354,6 +354,25 @@ def test_a_federation_polls_less_and_trains_on_fewer_threads_in_turns_the_more_n
     assert env["OMP_NUM_THREADS"] == "3" and env[SLOTS_ENV] == "2"
 
 
+def test_a_dead_node_is_started_again_on_a_port_of_its_own(tmp_path):
+    # its old port may be what it died of: taken, before it bound it, by another process's connection
+    from hetfl.flower import federation
+    from hetfl.flower.federation import Federation
+
+    fed = Federation(tmp_path, nodes=2)  # no SuperLink: the node's command is a stand-in that exits at once
+    command = [sys.executable, "-c", "pass", "--port", "20001", "--node-config", "x=1"]
+    dead = subprocess.Popen(command[:3], start_new_session=True)
+    dead.wait()
+    fed.nodes["1"] = (command, dead, time.monotonic())
+    assert fed.restart_dead_nodes() == []  # not sooner than RESTART_SECONDS after its last start
+    fed.nodes["1"] = (command, dead, time.monotonic() - federation.RESTART_SECONDS)
+    assert fed.restart_dead_nodes() == ["1"]
+    again, process, _ = fed.nodes["1"]
+    assert again[:4] == command[:4] and again[5:] == command[5:] and again[4] != "20001"
+    fed.stop()  # stops what it started again
+    assert process.poll() is not None and fed.log("node-1").exists()
+
+
 def test_the_floors_replies_are_arrays_of_its_own_of_the_sizes_it_got_and_it_logs_their_times(tmp_path, monkeypatch):
     pytest.importorskip("flwr")
     import numpy as np

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetfl.distributed import Team, free_port, to_cpu
+from hetfl.distributed import Team, to_cpu
 from hetfl.evaluate import batch_tally, exit_scores, tally_scores
 from hetfl.executors.distributed import DistributedExecutor
+from hetfl.ports import free_port
 from tinybert import tiny_bert_dir  # noqa: F401  (fixture)
 
 HERE = Path(__file__).parent

@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ from datetime import timedelta
 import torch
 
 from .errors import HetflError
+from .ports import free_port
 
 RANK_TIMEOUT = 20.0  # seconds a rank's heartbeat may stand still before it counts as lost
 COLLECTIVE_TIMEOUT = timedelta(hours=24)  # a backstop only: waiting for a slower rank is normal (the watchdog judges)
@@ -221,13 +221,6 @@ def checksum(*tensors: torch.Tensor) -> str:
 
 
 # ---- the launcher ----------------------------------------------------------------------------
-def free_port() -> int:
-    """A TCP port free on the loopback now (the rendezvous of a one-machine run)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(processes: int, argv: list[str], rank_timeout: float = RANK_TIMEOUT) -> int:
     """Runs ``hetfl ARGV`` as ``processes`` ranks on this machine (each with cores / processes threads unless
     OMP_NUM_THREADS says otherwise) and returns the exit code: 0, or the first failed rank's. When a rank fails,

@@ -136,7 +136,7 @@ def _follow(federation: Federation, run, run_dir: Path, verbose: bool) -> None:
                 raise DeployFailed(f"the SuperLink died; the logs are in {federation.root / 'logs'}; continue the "
                                    f"run with: hetfl deploy --resume {run_dir}")
             for name in federation.restart_dead_nodes():
-                warn(f"SuperNode {name} died; started it again")
+                warn(f"SuperNode {name} died; started it again (its log: {federation.log(f'node-{name}')})")
     run.wait()
 
 

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import HetflError
+from ..ports import free_port
 from .credentials import make_node_key, make_tls
 from .slots import SLOTS_DIR_ENV, SLOTS_ENV
 
@@ -68,13 +69,6 @@ def check_installed() -> None:
     """Returns None; HetflError unless Flower's commands are installed in this environment."""
     for name in ("flower-superlink", "flower-supernode", "flwr"):
         flower_bin(name)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config_string(values: dict) -> str:
@@ -171,12 +165,14 @@ class Federation:
         return process
 
     def restart_dead_nodes(self) -> list[str]:
-        """The names of the SuperNodes that had exited and were started again (same command, same key); a node
-        that keeps dying is started at most every ``RESTART_SECONDS``."""
+        """The names of the SuperNodes that had exited and were started again (same command and key, a port of
+        their own again: the old one may be what it died of, taken by another process); a node that keeps dying
+        is started at most every ``RESTART_SECONDS``."""
         restarted = []
         for name, (command, process, started) in self.nodes.items():
             if process.poll() is not None and time.monotonic() - started >= RESTART_SECONDS:
                 _signal_group(process, signal.SIGKILL)  # what it left behind
+                command = _on_fresh_port(command)
                 self.nodes[name] = (command, self._spawn(f"node-{name}", command), time.monotonic())
                 restarted.append(name)
         return restarted
@@ -228,6 +224,12 @@ class Federation:
                 process.stdout.close()
         _wait_gone([process.pid for process in self.procs], time.monotonic() + GONE_SECONDS)
         self.procs.clear()
+
+
+def _on_fresh_port(command: list[str]) -> list[str]:
+    """``command`` with the value of its ``--port`` replaced by a free port."""
+    at = command.index("--port") + 1
+    return [*command[:at], str(free_port()), *command[at + 1:]]
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
