@@ -284,6 +284,8 @@ def test_estimates_take_a_run_s_own_pace_only_from_enough_rounds_on_this_device(
     assert estimate(few, jobs, {}) == pytest.approx(90 * 19)  # nothing else known: its own
     logged("many", [20.0] * OWN_PACE_ROUNDS, checkpoint=4)  # enough of its own: 20 s a round, 16 rounds left
     assert estimate(many, jobs, finished) == pytest.approx(20 * 16)
+    logged("many", [20.0] * (OWN_PACE_ROUNDS - 1) + [1400.0, 20.0], checkpoint=4)  # a round that held a pause
+    assert estimate(many, jobs, finished) == pytest.approx(20 * 16)
     cuda_then_cpu = [{"from_round": 1, "device": "cuda:0"}, {"from_round": 7, "device": "cpu"}]
     logged("gpu", [1.0] * 6 + [30.0] * 4, checkpoint=10, segments=cuda_then_cpu)
     # 4 CPU rounds: too few; its siblings': the finished one's 10 s and the unfinished one's own 20 s
