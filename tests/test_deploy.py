@@ -424,6 +424,21 @@ def test_bench_flower_times_the_rounds_after_the_first_less_their_evaluation():
     assert steady_round(history) == 3.25
 
 
+def test_the_floors_work_is_sized_to_trainings_in_this_process_now_and_leaves_the_simulator_as_it_was(tiny_cfg):
+    from hetfl.bench.flower import floor_work_now
+    from hetfl.flower.floor import units_for
+
+    sim = Simulation(tiny_cfg(rounds=1))
+    sim.run(progress=False)
+    before = {k: v.clone() for k, v in sim.global_state.items()}
+    sized = floor_work_now(sim, trainings=3)
+    low, high = sized["spread"]
+    assert 0 < low <= sized["cpu_seconds"] <= high
+    assert abs(sized["units"] - units_for(sized["cpu_seconds"])) <= max(2, 0.5 * sized["units"])  # the same scale
+    assert all(torch.equal(before[k], v) for k, v in sim.global_state.items())
+    assert len(sim.history) == 1
+
+
 def test_bench_flower_splits_a_message_into_its_stages_and_counts_cpu_between_readings(tmp_path):
     from hetfl.bench.flower import CpuSampler, message_stages, process_kind
 

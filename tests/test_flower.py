@@ -177,6 +177,7 @@ def test_bench_flower_times_the_floor_and_hetfl_in_turns_and_says_where_a_messag
     figures = run_flower_bench(rounds=3, nodes=2, repeats=2, out=str(tmp_path))
     low, high = figures["overhead_spread_s"]
     assert len(figures["turns_s"]) == 2 and low <= figures["overhead_per_message_s"]["warm"] <= high
+    assert [z["units"] > 0 for z in figures["floor_sized"]] == [True, True]  # sized again for each turn
     for kind in ("floor", "warm"):
         stages = figures["stages_s"][kind]
         assert len(stages["total"]) == 2 * 2 * 2  # 2 nodes, rounds 2 and 3, 2 turns

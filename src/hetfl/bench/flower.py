@@ -13,8 +13,9 @@ left out (the floor does not evaluate):
 * Flower's floor (``flower.floor``): a numpy-only ClientApp on the same SuperLink and SuperNodes,
   sent hetfl's messages array for array (no two alike), that does as much numpy work as a client's
   training instead of training (steps of a convolution, as many as take the CPU seconds of a client's
-  training in the simulator, counted once on the idle machine; in the training slots, as hetfl's
-  trainings), and replies with arrays of its own. The floor is what Flower costs plus that training;
+  training, measured again in the bench process before each of the floor's turns: ``floor_work_now``;
+  in the training slots, as hetfl's trainings), and replies with arrays of its own. The floor is what
+  Flower costs plus that training;
 * hetfl on Flower with the nodes' warm workers (the default);
 * hetfl on Flower with cold ClientApps (``worker=off``: each message's process imports torch,
   loads the data and builds the model), on a second federation.
@@ -32,6 +33,7 @@ wire against the local tensors' sizes. Everything runs with ``OMP_NUM_THREADS`` 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -73,7 +75,6 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: st
     """The figures of the bench (also printed); runs go to ``out`` (default: a temporary folder, removed)."""
     from ..flower.deploy import node_configs, sigterm_interrupts
     from ..flower.federation import Federation, cores
-    from ..flower.floor import units_for
     from ..flower.timing import EXCHANGE_LOG
 
     with sigterm_interrupts(), tempfile.TemporaryDirectory() as tmp:
@@ -81,25 +82,24 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: st
         folder.mkdir(parents=True, exist_ok=True)
         cfg = bench_config(folder, nodes, max(rounds, 3))
 
-        started, cpu = time.perf_counter(), []
-        sim = Simulation(cfg.replace(name="simulator"), on_round=lambda sim, record: cpu.append(time.process_time()))
+        started = time.perf_counter()
+        sim = Simulation(cfg.replace(name="simulator"))
         sim_startup = time.perf_counter() - started
-        cpu.append(time.process_time())
         sim.run(progress=False)
         sim_round = steady_round(sim.history)
-        trained = [b - a for (a, b), r in zip(zip(cpu, cpu[1:]), sim.history) if r["round"] > 1 and not r["eval"]]
-        train_cpu_seconds = statistics.median(trained) / nodes
-        work_units = units_for(train_cpu_seconds)
         arrays = {name: [list(t.shape), str(t.numpy().dtype)] for name, t in sim.global_state.items()}
 
         turns = []  # (the floor's steady round, hetfl's), taking turns on one federation
+        sized = [floor_work_now(sim)]  # the floor's work for each turn; the first before the SuperNodes' start-up
         warm_root, exchanges = folder / "federation-warm", folder / "exchanges.jsonl"
         with Federation(warm_root, nodes=nodes, env={EXCHANGE_LOG: str(exchanges)}) as federation, \
                 CpuSampler(warm_root) as sampler:
             for k, config in enumerate(node_configs(nodes, federation.root)):
                 federation.add_node(str(k), config)
             for turn in range(1, repeats + 1):
-                floor = run_floor(federation, nodes, cfg.rounds, work_units, arrays, cfg.round_timeout)
+                if turn > 1:  # between turns the federation idles
+                    sized.append(floor_work_now(sim))
+                floor = run_floor(federation, nodes, cfg.rounds, sized[-1]["units"], arrays, cfg.round_timeout)
                 warm = _hetfl(federation, cfg.replace(name=f"flower-warm-{turn}"))
                 turns.append((statistics.median(floor["seconds"][1:]), warm["round"]))
                 print(f"turn {turn}/{repeats}: a steady round takes {turns[-1][0]:.2f} s as Flower's floor, "
@@ -116,7 +116,7 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: st
     per_turn = [(w - f) / nodes for f, w in turns]
     figures = {
         "rounds": cfg.rounds, "clients_per_round": nodes, "repeats": repeats, "cores": cores(),
-        "floor_train_cpu_seconds": train_cpu_seconds, "floor_work_units": work_units,
+        "floor_train_cpu_seconds": statistics.median(z["cpu_seconds"] for z in sized), "floor_sized": sized,
         "startup_s": {"simulator": sim_startup, "warm": warm["startup"], "cold": cold["startup"]},
         "round_s": {"simulator": sim_round, "floor": floor_round, "warm": statistics.median(w for _, w in turns),
                     "cold": cold["round"]},
@@ -253,6 +253,27 @@ def message_stage_table(messages: list[dict]) -> dict[str, list[float]]:
     return table
 
 
+REFERENCE_TRAININGS = 3  # a client's training measured this many times in the bench process before each floor turn
+
+
+def floor_work_now(sim: Simulation, trainings: int = REFERENCE_TRAININGS) -> dict:
+    """The floor's work sized to what a client's training costs in this process now: ``cpu_seconds``, the median
+    CPU seconds of ``trainings`` of the simulator's last round's jobs trained again by its executor (``spread``: min
+    and max), and the ``units`` of ``floor.work`` that take as long. Sized before each of the floor's turns: this
+    machine's speed for torch moves by a quarter within minutes, and a floor sized once at the start would count
+    that drift as hetfl's."""
+    from ..flower.floor import units_for
+
+    spent = []
+    for job in itertools.islice(sim.jobs(sim.cfg.rounds), trainings):
+        started = time.process_time()
+        for _ in sim.executor.execute([job], sim.cfg.rounds):
+            pass
+        spent.append(time.process_time() - started)
+    cpu_seconds = statistics.median(spent)
+    return {"cpu_seconds": cpu_seconds, "spread": [min(spent), max(spent)], "units": units_for(cpu_seconds)}
+
+
 def run_floor(federation, nodes: int, rounds: int, work_units: int, arrays: dict, timeout: float) -> dict:
     """The floor app's rounds on ``federation`` (``flower.floor``), each node's message doing ``work_units`` of
     ``floor.work``: their seconds, replies and bytes up."""
@@ -306,9 +327,9 @@ def report(figures: dict) -> None:
     overhead, (low, high) = figures["overhead_per_message_s"], figures["overhead_spread_s"]
     label = "hetfl's overhead per message (s)"
     print(f"{label:34}{'':28}" + "".join(f"{overhead[k]:14.2f}" for k in ("warm", "cold")))
-    print(f"The floor's ClientApp does {figures['floor_work_units']} steps of numpy work per message, "
-          f"{figures['floor_train_cpu_seconds']:.2f} CPU-s on the idle machine: what a client's training takes in the "
-          "simulator.")
+    sized = figures["floor_sized"]
+    print("The floor's ClientApp does numpy work per message sized before each turn to a client's training in the "
+          "bench process then: " + ", ".join(f"{z['units']} steps for {z['cpu_seconds']:.2f} CPU-s" for z in sized))
     for way in ("down", "up"):
         wire, local = figures[f"wire_bytes_{way}_per_round"], figures[f"local_bytes_{way}_per_round"]
         print(f"bytes {way} per round: {wire:,.0f} on the wire, {local:,.0f} in the local tensors "
