@@ -259,9 +259,9 @@ REFERENCE_TRAININGS = 3  # a client's training measured this many times in the b
 def floor_work_now(sim: Simulation, trainings: int = REFERENCE_TRAININGS) -> dict:
     """The floor's work sized to what a client's training costs in this process now: ``cpu_seconds``, the median
     CPU seconds of ``trainings`` of the simulator's last round's jobs trained again by its executor (``spread``: min
-    and max), and the ``units`` of ``floor.work`` that take as long. Sized before each of the floor's turns: this
-    machine's speed for torch moves by a quarter within minutes, and a floor sized once at the start would count
-    that drift as hetfl's."""
+    and max), and the ``units`` of ``floor.work`` that take as long. Sized before each of the floor's turns: a shared
+    machine's speed can drift by a quarter within minutes (a 2-core VM: the simulator's round took 22.9-29.2 s in
+    runs minutes apart), and a floor sized once at the start would count that drift as hetfl's."""
     from ..flower.floor import units_for
 
     spent = []
