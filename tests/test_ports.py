@@ -20,12 +20,12 @@ def test_a_port_in_use_is_passed_over(monkeypatch):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        busy = taken.getsockname()[1]
-        draws = iter([busy, busy, 23456])
+        busy, free = taken.getsockname()[1], ports.free_port()
+        draws = iter([busy, busy, free])
         monkeypatch.setattr(ports._draw, "randrange", lambda low, high: next(draws))
-        monkeypatch.setattr(ports, "ephemeral_low", lambda: 60000)
+        monkeypatch.setattr(ports, "ephemeral_low", lambda: 65000)
         monkeypatch.setattr(ports, "_handed_out", set())
-        assert ports.free_port() == 23456
+        assert ports.free_port() == free
 
 
 def test_without_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch, tmp_path):
