@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetfl.distributed import Team, to_cpu
+from hetfl.distributed import Team, launch, to_cpu
 from hetfl.evaluate import batch_tally, exit_scores, tally_scores
 from hetfl.executors.distributed import DistributedExecutor
 from hetfl.ports import free_port
@@ -141,6 +141,28 @@ def test_processes_flag_and_torchrun_give_one_process_weights(tmp_path):
         assert_same_weights(only_run(tmp_path / "one"), only_run(tmp_path / other))
     summary = json.loads((only_run(tmp_path / "flag") / "summary.json").read_text())
     assert summary["segments"][0]["processes"] == 2
+
+
+class EndedRank:
+    """A rank that has already ended with ``code`` when the launcher first looks (negative: killed by a signal)."""
+
+    def __init__(self, code: int):
+        self.returncode = code
+
+    def poll(self) -> int:
+        return self.returncode
+
+
+@pytest.mark.parametrize("codes, expected, line", [([-9, 1], 1, "rank 0 was killed by signal 9"),
+                                                   ([0, 3], 3, None), ([0, 0], 0, None)])
+def test_the_launcher_returns_the_first_failure_even_when_every_rank_ended_between_two_looks(monkeypatch, capsys,
+                                                                                           codes, expected, line):
+    # A killed rank 0 and the peer its watchdog ends at once can both be gone before the launcher's first look.
+    ranks = iter(EndedRank(c) for c in codes)
+    monkeypatch.setattr("hetfl.distributed.subprocess.Popen", lambda *a, **k: next(ranks))
+    assert launch(len(codes), ["run"], rank_timeout=1) == expected
+    err = capsys.readouterr().err
+    assert (line in err) if line else not err
 
 
 def test_a_run_killed_in_round_2_with_two_processes_resumes_with_one_to_the_same_weights(tmp_path):

@@ -236,13 +236,16 @@ def launch(processes: int, argv: list[str], rank_timeout: float = RANK_TIMEOUT) 
     failed: tuple[int, int] | None = None  # (rank, exit code) of the first rank that failed
     deadline = None
     try:
-        while any(c.poll() is None for c in children):
-            for rank, c in enumerate(children):
-                if failed is None and c.poll() not in (None, 0):
-                    failed, deadline = (rank, c.returncode), time.monotonic() + rank_timeout + 5 * HEARTBEAT
-                    if c.returncode < 0:
-                        print(f"hetfl: error: rank {rank} was killed by signal {-c.returncode}; stopping the others",
+        while True:
+            codes = [c.poll() for c in children]  # one scan: ranks that end together are all judged before leaving
+            for rank, code in enumerate(codes):
+                if failed is None and code not in (None, 0):
+                    failed, deadline = (rank, code), time.monotonic() + rank_timeout + 5 * HEARTBEAT
+                    if code < 0:
+                        print(f"hetfl: error: rank {rank} was killed by signal {-code}; stopping the others",
                               file=sys.stderr, flush=True)
+            if None not in codes:
+                break
             if deadline is not None and time.monotonic() > deadline:
                 for c in children:
                     if c.poll() is None:
