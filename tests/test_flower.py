@@ -24,8 +24,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -152,6 +154,77 @@ def test_flower_runs_give_the_simulators_weights_over_tls_with_authenticated_nod
     assert len([n for n in nodes["nodes"] if n.get("status") == "online"]) == 3, nodes
 
 
+class AnsweringGrid:
+    """A Grid whose every node answers every message at once; ``order`` gets ("floor", round) at each push."""
+
+    def __init__(self, order: list):
+        self.order, self.sent = order, 0
+
+    def get_node_ids(self) -> list[int]:
+        return [1, 2]
+
+    def push_messages(self, messages: list) -> list[str]:
+        self.order.append(("floor", int(messages[0].metadata.group_id)))
+        self.sent += len(messages)
+        return [f"m{self.sent - k}" for k in range(len(messages))]
+
+    def pull_messages(self, ids: list[str]) -> list:
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i), has_error=lambda: False,
+                                has_content=lambda: True, content={"arrays": {"w": SimpleNamespace(data=b"1234")}})
+                for i in ids]
+
+
+@pytest.mark.parametrize("in_turns", [True, False])
+def test_the_floor_and_hetfl_take_their_rounds_in_turn_and_the_floors_last_comes_after_hetfls_end(
+        tmp_path, monkeypatch, in_turns):
+    from hetfl.flower import floor
+    from hetfl.flower.baton import BATON_ENV, FLOOR, HETFL, Baton, taking_turns
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for field in ("_run_id", "_node_id", "_task_id"):  # as in a ServerApp's process: its messages name them
+        monkeypatch.setattr(TaskIdentity, field, 1)
+    baton, order = Baton(tmp_path / "baton"), []
+    if in_turns:
+        monkeypatch.setenv(BATON_ENV, str(baton.path))
+        baton.give("bench")
+    else:
+        monkeypatch.delenv(BATON_ENV, raising=False)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"nodes": 2, "rounds": 3, "work_units": 1, "arrays": {"w": [[1], "float32"]},
+                                "timeout": 20, "out": str(tmp_path / "floor.json")}))
+    server = threading.Thread(target=floor.rounds, args=(AnsweringGrid(order), SimpleNamespace(run_config={
+        "spec": str(spec)})))
+    server.start()
+    if not in_turns:  # nothing waits: the floor runs its rounds straight through
+        server.join(timeout=20)
+        assert order == [("floor", 1), ("floor", 2), ("floor", 3)]
+        return
+    baton.wait_for(HETFL, 20)  # the floor is ready and waits for its first turn
+    sim = SimpleNamespace(cfg=SimpleNamespace(rounds=3, round_timeout=20))
+    after_round = taking_turns(lambda sim, record: None, baton, me=HETFL, other=FLOOR)
+    for t in (1, 2, 3):  # hetfl's rounds, as Simulation.run calls on_round after each
+        order.append(("hetfl", t))
+        after_round(sim, {"round": t})
+    assert baton.holder() == HETFL  # hetfl keeps it after its last round: the floor's last round waits
+    time.sleep(0.2)
+    assert order[-1] == ("hetfl", 3)
+    baton.give(FLOOR)  # as the bench does once hetfl's run has ended
+    server.join(timeout=20)
+    assert order == [("hetfl", 1), ("floor", 1), ("hetfl", 2), ("floor", 2), ("hetfl", 3), ("floor", 3)]
+    assert json.loads((tmp_path / "floor.json").read_text())["replies"] == [2, 2, 2]
+
+
+def test_a_baton_that_does_not_come_back_is_an_error_naming_its_holder(tmp_path):
+    from hetfl.errors import HetflError
+    from hetfl.flower.baton import Baton
+
+    baton = Baton(tmp_path / "baton")
+    baton.give("floor")
+    with pytest.raises(HetflError, match="did not come back to hetfl within 0.1 s .held by floor"):
+        baton.wait_for("hetfl", 0.1)
+
+
 @pytest.mark.soak
 def test_the_floor_app_round_trips_messages_of_the_sizes_it_is_given(federation):
     from hetfl.bench.flower import run_floor
@@ -170,9 +243,9 @@ def test_the_floor_app_round_trips_messages_of_the_sizes_it_is_given(federation)
 
 
 @pytest.mark.soak
-def test_bench_flower_times_the_floor_and_hetfl_in_turns_and_says_where_a_message_goes(tmp_path, one_thread,
+def test_bench_flower_times_the_floor_and_hetfl_round_by_round_and_says_where_a_message_goes(tmp_path, one_thread,
                                                                                      capsys):
-    from hetfl.bench.flower import run_flower_bench
+    from hetfl.bench.flower import run_flower_bench, steady_messages
 
     figures = run_flower_bench(rounds=3, nodes=2, repeats=2, out=str(tmp_path))
     low, high = figures["overhead_spread_s"]
@@ -183,6 +256,14 @@ def test_bench_flower_times_the_floor_and_hetfl_in_turns_and_says_where_a_messag
         assert len(stages["total"]) == 2 * 2 * 2  # 2 nodes, rounds 2 and 3, 2 turns
         assert all(v >= -0.05 for name in ("delivery", "ClientApp start", "work", "return") for v in stages[name])
         assert figures["cpu_per_message_s"][kind]["SuperLink"] > 0
+    exchanges = {}  # each steady round's span, from its push to its last reply: hetfl's and the floor's take turns
+    for kind, found in steady_messages(tmp_path / "federation-warm", 2, tmp_path / "exchanges.jsonl").items():
+        for m in found:
+            span = exchanges.setdefault((m["pushed"], kind), [m["pushed"], m["arrived"]])
+            span[1] = max(span[1], m["arrived"])
+    spans = sorted((start, end, kind) for (_, kind), (start, end) in exchanges.items())
+    assert [kind for *_, kind in spans] == ["warm", "floor"] * 4  # rounds 2 and 3 of 2 turns
+    assert all(end < following for (_, end, _), (following, *_) in zip(spans, spans[1:]))
     floor, warm = figures["cpu_per_message_s"]["floor"], figures["cpu_per_message_s"]["warm"]
     assert floor["ClientApps"] >= 0.9 * figures["floor_train_cpu_seconds"] and floor["hetfl workers"] == 0
     assert warm["hetfl workers"] >= 0.5 * figures["floor_train_cpu_seconds"]  # the training left the ClientApp

@@ -20,10 +20,11 @@ left out (the floor does not evaluate):
 * hetfl on Flower with cold ClientApps (``worker=off``: each message's process imports torch,
   loads the data and builds the model), on a second federation.
 
-The floor and hetfl's warm runs take turns on one federation, ``repeats`` times each (a slower minute
-of the machine hits both); hetfl's overhead per message = (its round - the floor's round of the same
-turn) / messages per round, reported as the median over the turns with their spread. Where the time
-goes: each steady message's stages (``flower.timing``: delivery, the ClientApp's start, its work,
+The floor and hetfl's warm runs share one federation, ``repeats`` turns of a run each; within a turn both
+runs are live and take their rounds in turn (``flower.baton``: hetfl's round 1, the floor's, hetfl's round 2,
+...), so a slower minute of the machine hits both; hetfl's overhead per message = (its round - the
+floor's round of the same turn) / messages per round, reported as the median over the turns with their
+spread. Where the time goes: each steady message's stages (``flower.timing``: delivery, the ClientApp's start, its work,
 return; for hetfl the worker's phases inside the work) and the CPU seconds per message of each kind
 of process in the steady rounds (sampled from /proc, Linux), the floor's against hetfl's; the
 largest difference is named. Also printed: the start-up (until round 1 begins) and the bytes on the
@@ -73,6 +74,7 @@ def steady_round(history: list[dict]) -> float:
 
 def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: str | None = None) -> dict:
     """The figures of the bench (also printed); runs go to ``out`` (default: a temporary folder, removed)."""
+    from ..flower.baton import BATON_ENV, Baton
     from ..flower.deploy import node_configs, sigterm_interrupts
     from ..flower.federation import Federation, cores
     from ..flower.timing import EXCHANGE_LOG
@@ -89,18 +91,20 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: st
         sim_round = steady_round(sim.history)
         arrays = {name: [list(t.shape), str(t.numpy().dtype)] for name, t in sim.global_state.items()}
 
-        turns = []  # (the floor's steady round, hetfl's), taking turns on one federation
+        turns = []  # (the floor's steady round, hetfl's), their rounds in turn on one federation
         sized = [floor_work_now(sim)]  # the floor's work for each turn; the first before the SuperNodes' start-up
         warm_root, exchanges = folder / "federation-warm", folder / "exchanges.jsonl"
-        with Federation(warm_root, nodes=nodes, env={EXCHANGE_LOG: str(exchanges)}) as federation, \
-                CpuSampler(warm_root) as sampler:
+        baton = Baton(folder / "baton")
+        with Federation(warm_root, nodes=nodes, env={EXCHANGE_LOG: str(exchanges), BATON_ENV: str(baton.path)}) \
+                as federation, CpuSampler(warm_root) as sampler:
             for k, config in enumerate(node_configs(nodes, federation.root)):
                 federation.add_node(str(k), config)
             for turn in range(1, repeats + 1):
                 if turn > 1:  # between turns the federation idles
                     sized.append(floor_work_now(sim))
-                floor = run_floor(federation, nodes, cfg.rounds, sized[-1]["units"], arrays, cfg.round_timeout)
-                warm = _hetfl(federation, cfg.replace(name=f"flower-warm-{turn}"))
+                baton.give("bench")
+                floor_run = FloorRun(federation, nodes, cfg.rounds, sized[-1]["units"], arrays, cfg.round_timeout)
+                floor, warm = in_turns(federation, baton, floor_run, cfg.replace(name=f"flower-warm-{turn}"))
                 turns.append((statistics.median(floor["seconds"][1:]), warm["round"]))
                 print(f"turn {turn}/{repeats}: a steady round takes {turns[-1][0]:.2f} s as Flower's floor, "
                       f"{turns[-1][1]:.2f} s as hetfl with warm workers", flush=True)
@@ -277,22 +281,74 @@ def floor_work_now(sim: Simulation, trainings: int = REFERENCE_TRAININGS) -> dic
 def run_floor(federation, nodes: int, rounds: int, work_units: int, arrays: dict, timeout: float) -> dict:
     """The floor app's rounds on ``federation`` (``flower.floor``), each node's message doing ``work_units`` of
     ``floor.work``: their seconds, replies and bytes up."""
-    from ..flower.deploy import DeployFailed, app_pyproject, write_app
+    return FloorRun(federation, nodes, rounds, work_units, arrays, timeout).figures()
 
-    spec, result = federation.root / "floor-spec.json", federation.root / "floor-result.json"
-    spec.write_text(json.dumps({"nodes": nodes, "rounds": rounds, "work_units": work_units, "arrays": arrays,
-                                "timeout": timeout, "out": str(result)}))
-    app = write_app(federation.root / "floor-app", app_pyproject(
-        "hetfl-floor", "Flower's floor for hetfl's bench: a numpy-only ClientApp standing in for training",
-        "hetfl.flower.floor:server", "hetfl.flower.floor:client", 'spec = ""  # the JSON file of the rounds to run'))
-    process = federation.run_app(app, {"spec": str(spec)})
-    output, _ = process.communicate()
-    if not result.exists():
-        raise DeployFailed(f"Flower's floor did not finish: {output[-2000:]}")
-    figures = json.loads(result.read_text())
-    if min(figures["replies"]) < nodes:
-        raise DeployFailed(f"Flower's floor got {figures['replies']} replies per round of {nodes} nodes: {output}")
-    return figures
+
+class FloorRun:
+    """The floor app's run, started on ``federation`` (``flower.floor``): its output is read as it comes (it may
+    wait for its turns for minutes, ``flower.baton``)."""
+
+    def __init__(self, federation, nodes: int, rounds: int, work_units: int, arrays: dict, timeout: float):
+        from ..flower.deploy import app_pyproject, write_app
+
+        self.nodes, self.result = nodes, federation.root / "floor-result.json"
+        self.result.unlink(missing_ok=True)
+        spec = federation.root / "floor-spec.json"
+        spec.write_text(json.dumps({"nodes": nodes, "rounds": rounds, "work_units": work_units, "arrays": arrays,
+                                    "timeout": timeout, "out": str(self.result)}))
+        app = write_app(federation.root / "floor-app", app_pyproject(
+            "hetfl-floor", "Flower's floor for hetfl's bench: a numpy-only ClientApp standing in for training",
+            "hetfl.flower.floor:server", "hetfl.flower.floor:client",
+            'spec = ""  # the JSON file of the rounds to run'))
+        self.process = federation.run_app(app, {"spec": str(spec)})
+        self.output: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.output.extend(self.process.stdout), daemon=True)
+        self.reader.start()
+
+    def ended(self) -> bool:
+        return self.process.poll() is not None
+
+    def figures(self) -> dict:
+        """Its rounds' seconds, replies and bytes up, once it ends; DeployFailed when it failed."""
+        from ..flower.deploy import DeployFailed
+
+        self.process.wait()
+        self.reader.join()
+        output = "".join(self.output)
+        if not self.result.exists():
+            raise DeployFailed(f"Flower's floor did not finish: {output[-2000:]}")
+        figures = json.loads(self.result.read_text())
+        if min(figures["replies"]) < self.nodes:
+            raise DeployFailed(f"Flower's floor got {figures['replies']} replies per round of {self.nodes} nodes: "
+                               f"{output[-2000:]}")
+        return figures
+
+    def stop(self) -> None:
+        """Returns None; ends its ``flwr run`` if it is still going (hetfl's run failed)."""
+        if not self.ended():
+            self.process.kill()
+            self.process.wait()
+
+
+def in_turns(federation, baton, floor_run: FloorRun, cfg) -> tuple[dict, dict]:
+    """The floor's figures and hetfl's run (``_hetfl``) of one turn, their rounds taken in turn (``flower.baton``):
+    hetfl's run starts once the floor's ServerApp waits for its first turn; the floor's last round comes after
+    hetfl's run has ended, so neither's last round shares the machine with the other's ending."""
+    from ..flower.baton import FLOOR, HETFL
+    from ..flower.deploy import DeployFailed
+
+    try:
+        deadline = time.monotonic() + cfg.round_timeout
+        while baton.holder() != HETFL:  # the floor hands it over once its nodes are there
+            if floor_run.ended() or time.monotonic() > deadline:
+                floor_run.figures()  # raises with its output
+                raise DeployFailed(f"Flower's floor did not start within {cfg.round_timeout:g} s")
+            time.sleep(0.1)
+        warm = _hetfl(federation, cfg)
+        baton.give(FLOOR)
+        return floor_run.figures(), warm
+    finally:
+        floor_run.stop()
 
 
 def _hetfl(federation, cfg) -> dict:

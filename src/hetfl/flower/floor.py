@@ -41,6 +41,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from .baton import FLOOR, HETFL, Baton
 from .grid import exchange
 from .slots import training_slot
 from .timing import MessageClock
@@ -120,8 +121,13 @@ def rounds(grid: Grid, context: Context) -> None:
     deadline = time.monotonic() + spec["timeout"]
     while len(nodes := sorted(grid.get_node_ids())) < spec["nodes"] and time.monotonic() < deadline:
         time.sleep(0.5)
+    baton = Baton.from_env()  # the bench's: hetfl's run and this one take turns round by round
+    if baton:
+        baton.give(HETFL)  # ready: hetfl's run starts, and its round 1 comes first
     seconds, replies, sizes = [], [], []
     for r in range(1, spec["rounds"] + 1):
+        if baton:
+            baton.wait_for(FLOOR, spec["timeout"])
         started = time.perf_counter()
         messages = {n: Message(RecordDict({"arrays": arrays, "config": ConfigRecord(
             {"work-units": spec["work_units"], "node": n})}), n, "train", ttl=spec["timeout"], group_id=str(r))
@@ -132,5 +138,7 @@ def rounds(grid: Grid, context: Context) -> None:
         sizes.append(sum(len(a.data) for m in got.values() if m.has_content() for a in m.content["arrays"].values()))
         print(f"hetfl floor: round {r}/{spec['rounds']}: {replies[-1]} of {len(nodes)} replies in "
               f"{seconds[-1]:.2f} s", flush=True)
+        if baton and r < spec["rounds"]:
+            baton.give(HETFL)
     Path(spec["out"]).write_text(json.dumps({"seconds": seconds, "replies": replies, "bytes_up": sizes,
                                              "nodes": len(nodes)}))

@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 from ..errors import HetflError
 from ..methods import load_config
 from ..report import run_table
+from .baton import FLOOR, HETFL, Baton, taking_turns
 from .deployment import deployment, resume_deployment
 from .secure import settings_from_run_config
 
@@ -33,6 +34,8 @@ def main(grid: Grid, context: Context) -> None:
         secure = settings_from_run_config(dict(context.run_config))  # else a resumed run folder may say so
         experiment = (resume_deployment(run_dir, grid, secure) if run_dir
                       else deployment(load_config(config), grid, secure))
+        if baton := Baton.from_env():  # hetfl bench flower's: rounds in turn with Flower's floor
+            experiment.on_round = taking_turns(experiment.on_round, baton, me=HETFL, other=FLOOR)
         summary = experiment.run(progress=False)
     except HetflError as e:
         print(f"hetfl: error: {e}", flush=True)
