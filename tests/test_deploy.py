@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -458,6 +459,31 @@ def test_bench_flower_splits_a_message_into_its_stages_and_counts_cpu_between_re
                                       "/v/bin/python3 -m hetfl.flower.worker /s/worker 12", "/v/bin/flwr-clientapp",
                                       "/v/bin/python3 /v/bin/flower-supernode --superlink", "bash")] == \
         ["SuperExecs", "hetfl workers", "ClientApps", "SuperNodes", None]
+
+
+def test_an_exited_clientapp_not_yet_reaped_keeps_its_cpu_seconds_in_the_readings(tmp_path):
+    from hetfl.bench.flower import cpu_by_kind
+
+    burn = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+            "print('ready', flush=True)\nsys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", burn, "flwr-clientapp"], cwd=tmp_path, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        seen: dict = {}
+        alive = cpu_by_kind(tmp_path, seen)["ClientApps"]
+        child.stdin.close()  # it exits; this process, its parent, does not reap it yet
+        stat = Path(f"/proc/{child.pid}/stat")
+        deadline = time.monotonic() + 30
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert alive >= 0.25
+        assert cpu_by_kind(tmp_path, seen)["ClientApps"] >= alive  # read alive before: still counted
+        assert cpu_by_kind(tmp_path, {})["ClientApps"] == 0  # never read alive: its kind is unknown
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_trainings_take_turns_in_the_machines_slots_and_a_killed_holder_frees_its_slot(tmp_path, monkeypatch):

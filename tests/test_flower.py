@@ -265,6 +265,8 @@ def test_bench_flower_times_the_floor_and_hetfl_round_by_round_and_says_where_a_
     assert [kind for *_, kind in spans] == ["warm", "floor"] * 4  # rounds 2 and 3 of 2 turns
     assert all(end < following for (_, end, _), (following, *_) in zip(spans, spans[1:]))
     floor, warm = figures["cpu_per_message_s"]["floor"], figures["cpu_per_message_s"]["warm"]
+    assert min(floor.values()) >= 0 and min(warm.values()) >= 0  # no process's seconds lost as it exits
+    assert floor["ClientApps"] > warm["ClientApps"]  # the floor's do the work: each round's own, not the one before's
     assert floor["ClientApps"] >= 0.9 * figures["floor_train_cpu_seconds"] and floor["hetfl workers"] == 0
     assert warm["hetfl workers"] >= 0.5 * figures["floor_train_cpu_seconds"]  # the training left the ClientApp
     out = capsys.readouterr().out

@@ -151,29 +151,40 @@ def process_kind(command: str) -> str | None:
     return next((kind for word, kind in PROCESS_KINDS if word in command), None)
 
 
-def cpu_by_kind(root: Path) -> dict[str, float]:
-    """The CPU seconds used so far by each kind of process working in ``root`` (Linux /proc): the live ones', and the
-    exited ClientApps' and ServerApps' that their SuperExec reaped (a process that exits between two readings
-    moves from the one to the other, so differences of readings count it once)."""
+def cpu_by_kind(root: Path, seen: dict | None = None) -> dict[str, float]:
+    """The CPU seconds used so far by each kind of process working in ``root`` (Linux /proc): the live ones', the
+    exited ones' not yet reaped, and the exited ClientApps' and ServerApps' that their SuperExec reaped (a process
+    moves from one to the next, so differences of readings count it once). An exited process keeps its CPU times
+    until reaped but no longer shows its cwd or command line: its kind is the one ``seen`` ((pid, start) -> kind,
+    filled as processes are read alive) recorded. Flower's SuperExecs reap their children only when they next start
+    one, i.e. in the next round, which with the floor's and hetfl's rounds in turn is the other app's."""
     tick, found = os.sysconf("SC_CLK_TCK"), {}
+    seen = {} if seen is None else seen
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            if not entry.name.isdigit() or not Path(os.readlink(entry / "cwd")).is_relative_to(root):
-                continue
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            key = (int(entry.name), fields[19])  # its start time: a pid used again is another process
+            try:
+                inside = Path(os.readlink(entry / "cwd")).is_relative_to(root)
+            except OSError:  # exited, not yet reaped (or gone meanwhile)
+                inside = None
+            if inside:
+                seen[key] = process_kind((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            elif inside is False or key not in seen:
+                continue
         except OSError:  # gone meanwhile
             continue
-        found[int(entry.name)] = (command, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+        found[int(entry.name)] = (seen[key], int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
                                   (int(fields[13]) + int(fields[14])) / tick)
     totals = {kind: 0.0 for _, kind in PROCESS_KINDS}
-    for command, parent, own, reaped in found.values():
-        kind = process_kind(command)
+    for kind, parent, own, reaped in found.values():
         if kind is None:
             continue
         totals[kind] += own
         if kind == "SuperExecs":  # a SuperNode's starts ClientApps, the SuperLink's ServerApps
-            parent_kind = process_kind(found.get(parent, ("",))[0])
+            parent_kind = found.get(parent, (None,))[0]
             totals["ClientApps" if parent_kind == "SuperNodes" else "ServerApp"] += reaped
     return totals
 
@@ -184,7 +195,7 @@ class CpuSampler:
     SAMPLE_SECONDS = 0.25
 
     def __init__(self, root: Path):
-        self.root, self.samples = Path(root), []
+        self.root, self.samples, self.seen = Path(root), [], {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -198,7 +209,7 @@ class CpuSampler:
 
     def _sample(self) -> None:
         while not self.stop.is_set():
-            self.samples.append((time.time(), cpu_by_kind(self.root)))
+            self.samples.append((time.time(), cpu_by_kind(self.root, self.seen)))
             self.stop.wait(self.SAMPLE_SECONDS)
 
     def between(self, start: float, end: float) -> dict[str, float]:
