@@ -115,7 +115,8 @@ def units_for(cpu_seconds: float, sample_seconds: float = 2.0) -> int:
 
 @server.main()
 def rounds(grid: Grid, context: Context) -> None:
-    """Returns None; runs the spec's rounds over every node and writes their seconds to the spec's ``out``."""
+    """Returns None; runs the spec's rounds over every node and writes their seconds to the spec's ``out``; where
+    the bench set a baton (``baton``), each round waits for its turn between hetfl's."""
     spec = json.loads(Path(str(context.run_config["spec"])).read_text())
     arrays = distinct_arrays(spec["arrays"], 1)  # one model for every node, as hetfl's: Flower stores it once
     deadline = time.monotonic() + spec["timeout"]
