@@ -215,6 +215,32 @@ def test_the_floor_and_hetfl_take_their_rounds_in_turn_and_the_floors_last_comes
     assert json.loads((tmp_path / "floor.json").read_text())["replies"] == [2, 2, 2]
 
 
+@pytest.mark.parametrize("ended", [True, False])
+def test_a_floor_that_fails_or_never_gets_ready_fails_its_turn_and_is_stopped(tmp_path, ended):
+    from hetfl.bench.flower import in_turns
+    from hetfl.flower.baton import Baton
+    from hetfl.flower.deploy import DeployFailed
+
+    class Floor:  # a floor run that ended without its figures, or that never hands the baton on
+        stopped = False
+
+        def ended(self) -> bool:
+            return ended
+
+        def figures(self) -> dict:
+            raise DeployFailed("Flower's floor did not finish: its log")
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    baton, floor = Baton(tmp_path / "baton"), Floor()
+    baton.give("bench")
+    why = "did not finish: its log" if ended else "did not start within 0.2 s"
+    with pytest.raises(DeployFailed, match=why):
+        in_turns(None, baton, floor, SimpleNamespace(round_timeout=0.2))  # hetfl's run never starts
+    assert floor.stopped
+
+
 def test_a_baton_that_does_not_come_back_is_an_error_naming_its_holder(tmp_path):
     from hetfl.errors import HetflError
     from hetfl.flower.baton import Baton

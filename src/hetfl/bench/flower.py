@@ -20,16 +20,16 @@ left out (the floor does not evaluate):
 * hetfl on Flower with cold ClientApps (``worker=off``: each message's process imports torch,
   loads the data and builds the model), on a second federation.
 
-The floor and hetfl's warm runs share one federation, ``repeats`` turns of a run each; within a turn both
-runs are live and take their rounds in turn (``flower.baton``: hetfl's round 1, the floor's, hetfl's round 2,
-...), so a slower minute of the machine hits both; hetfl's overhead per message = (its round - the
-floor's round of the same turn) / messages per round, reported as the median over the turns with their
-spread. Where the time goes: each steady message's stages (``flower.timing``: delivery, the ClientApp's start, its work,
-return; for hetfl the worker's phases inside the work) and the CPU seconds per message of each kind
-of process in the steady rounds (sampled from /proc, Linux), the floor's against hetfl's; the
-largest difference is named. Also printed: the start-up (until round 1 begins) and the bytes on the
-wire against the local tensors' sizes. Everything runs with ``OMP_NUM_THREADS`` as set (the nodes are
-10 processes at once).
+The floor and hetfl's warm runs share one federation, ``repeats`` turns of a run each; within a turn
+both runs are live and take their rounds in turn (``flower.baton``: hetfl's round 1, the floor's,
+hetfl's round 2, ...), so a slower minute of the machine hits both; hetfl's overhead per message =
+(its round - the floor's round of the same turn) / messages per round, reported as the median over
+the turns with their spread. Where the time goes: each steady message's stages (``flower.timing``:
+delivery, the ClientApp's start, its work, return; for hetfl the worker's phases inside the work)
+and the CPU seconds per message of each kind of process in the steady rounds (sampled from /proc,
+Linux), the floor's against hetfl's; the largest difference is named. Also printed: the start-up
+(until round 1 begins) and the bytes on the wire against the local tensors' sizes. Everything runs
+with ``OMP_NUM_THREADS`` as set (the nodes are 10 processes at once).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: st
             for turn in range(1, repeats + 1):
                 if turn > 1:  # between turns the federation idles
                     sized.append(floor_work_now(sim))
-                baton.give("bench")
+                baton.give("bench")  # neither run's: the floor hands it to hetfl's once its ServerApp is ready
                 floor_run = FloorRun(federation, nodes, cfg.rounds, sized[-1]["units"], arrays, cfg.round_timeout)
                 floor, warm = in_turns(federation, baton, floor_run, cfg.replace(name=f"flower-warm-{turn}"))
                 turns.append((statistics.median(floor["seconds"][1:]), warm["round"]))
@@ -351,8 +351,9 @@ def in_turns(federation, baton, floor_run: FloorRun, cfg) -> tuple[dict, dict]:
     try:
         deadline = time.monotonic() + cfg.round_timeout
         while baton.holder() != HETFL:  # the floor hands it over once its nodes are there
-            if floor_run.ended() or time.monotonic() > deadline:
+            if floor_run.ended():
                 floor_run.figures()  # raises with its output
+            if time.monotonic() > deadline:
                 raise DeployFailed(f"Flower's floor did not start within {cfg.round_timeout:g} s")
             time.sleep(0.1)
         warm = _hetfl(federation, cfg)
