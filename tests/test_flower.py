@@ -177,10 +177,10 @@ class AnsweringGrid:
 @pytest.mark.parametrize("in_turns", [True, False])
 def test_the_floor_and_hetfl_take_their_rounds_in_turn_and_the_floors_last_comes_after_hetfls_end(
         tmp_path, monkeypatch, in_turns):
+    from flwr.supercore.task_identity import TaskIdentity
+
     from hetfl.flower import floor
     from hetfl.flower.baton import BATON_ENV, FLOOR, HETFL, Baton, taking_turns
-
-    from flwr.supercore.task_identity import TaskIdentity
 
     for field in ("_run_id", "_node_id", "_task_id"):  # as in a ServerApp's process: its messages name them
         monkeypatch.setattr(TaskIdentity, field, 1)
@@ -271,7 +271,7 @@ def test_the_floor_app_round_trips_messages_of_the_sizes_it_is_given(federation)
 @pytest.mark.soak
 def test_bench_flower_times_the_floor_and_hetfl_round_by_round_and_says_where_a_message_goes(tmp_path, one_thread,
                                                                                      capsys):
-    from hetfl.bench.flower import run_flower_bench, steady_messages
+    from hetfl.bench.flower import exchange_spans, run_flower_bench, steady_messages
 
     figures = run_flower_bench(rounds=3, nodes=2, repeats=2, out=str(tmp_path))
     low, high = figures["overhead_spread_s"]
@@ -282,12 +282,9 @@ def test_bench_flower_times_the_floor_and_hetfl_round_by_round_and_says_where_a_
         assert len(stages["total"]) == 2 * 2 * 2  # 2 nodes, rounds 2 and 3, 2 turns
         assert all(v >= -0.05 for name in ("delivery", "ClientApp start", "work", "return") for v in stages[name])
         assert figures["cpu_per_message_s"][kind]["SuperLink"] > 0
-    exchanges = {}  # each steady round's span, from its push to its last reply: hetfl's and the floor's take turns
-    for kind, found in steady_messages(tmp_path / "federation-warm", 2, tmp_path / "exchanges.jsonl").items():
-        for m in found:
-            span = exchanges.setdefault((m["pushed"], kind), [m["pushed"], m["arrived"]])
-            span[1] = max(span[1], m["arrived"])
-    spans = sorted((start, end, kind) for (_, kind), (start, end) in exchanges.items())
+    found = steady_messages(tmp_path / "federation-warm", 2, tmp_path / "exchanges.jsonl")
+    spans = sorted((pushed, arrived, kind) for kind in found  # hetfl's and the floor's steady rounds take turns
+                   for pushed, arrived in exchange_spans(found[kind]).items())
     assert [kind for *_, kind in spans] == ["warm", "floor"] * 4  # rounds 2 and 3 of 2 turns
     assert all(end < following for (_, end, _), (following, *_) in zip(spans, spans[1:]))
     floor, warm = figures["cpu_per_message_s"]["floor"], figures["cpu_per_message_s"]["warm"]

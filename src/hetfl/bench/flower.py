@@ -221,11 +221,16 @@ class CpuSampler:
     def per_message(self, messages: list[dict], nodes: int) -> dict[str, float]:
         """Each kind's median CPU seconds per message over the exchanges of ``messages`` (``steady_messages``: one
         exchange, a round, per push time): from its push to its last reply, over ``nodes`` messages."""
-        rounds: dict[float, float] = {}
-        for m in messages:
-            rounds[m["pushed"]] = max(rounds.get(m["pushed"], 0.0), m["arrived"])
-        spent = [self.between(pushed, arrived) for pushed, arrived in rounds.items()]
+        spent = [self.between(pushed, arrived) for pushed, arrived in exchange_spans(messages).items()]
         return {kind: statistics.median(s[kind] for s in spent) / nodes for kind in spent[0]} if spent else {}
+
+
+def exchange_spans(messages: list[dict]) -> dict[float, float]:
+    """Each exchange (a round) of ``messages`` (``steady_messages``): its push time -> its last reply's arrival."""
+    spans: dict[float, float] = {}
+    for m in messages:
+        spans[m["pushed"]] = max(spans.get(m["pushed"], 0.0), m["arrived"])
+    return spans
 
 
 def steady_messages(root: Path, nodes: int, exchanges: Path) -> dict[str, list[dict]]:
