@@ -170,6 +170,8 @@ def cmd_run(args) -> int:
         if team.owner or str(e).startswith(f"rank {team.rank}:"):
             raise
         raise HetflError(f"rank {team.rank}: {e}") from None
+    finally:
+        team.leave()
     if team.owner:
         print(run_table(summary))
     return 0

@@ -120,11 +120,19 @@ class Team:
                                      f"{_short(value)}); start every rank with the same command, data and hetfl")
 
     def close(self) -> None:
-        """Returns None; leaves the process group (after a last barrier, so no rank leaves one still exchanging)."""
+        """Returns None; leaves the process group after a last barrier, so no rank leaves one still exchanging (the
+        end of a run that went well)."""
         if self.size > 1 and torch.distributed.is_initialized():
             self._collective(torch.distributed.barrier)
-            if self.watchdog is not None:
-                self.watchdog.stop()
+        self.leave()
+
+    def leave(self) -> None:
+        """Returns None; stops the watchdog and leaves the process group at once, on any way out of a run (idempotent).
+        The watchdog's thread must have ended before the interpreter does: a daemon thread caught inside the store's
+        C++ code when Python finalizes aborts the process (``terminate called without an active exception``)."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.size > 1 and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
 
@@ -195,8 +203,10 @@ class Watchdog(threading.Thread):
         time.sleep(self.timeout + 3 * HEARTBEAT)
 
     def stop(self) -> None:
-        """Returns None; ends the heartbeats (the run is over)."""
+        """Returns None once the heartbeat thread has ended (at most the store's timeout, when its last call hangs)."""
         self.stopped.set()
+        if self.is_alive():
+            self.join(self.timeout + 2 * HEARTBEAT)
 
 
 def to_cpu(obj):
