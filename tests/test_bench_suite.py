@@ -6,6 +6,7 @@ thread: two threads per process slow a small model's rounds many times over when
 """
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -15,6 +16,8 @@ import pytest
 
 from hetfl.bench.runner import FINISHED
 from hetfl.cli import main
+from hetfl.errors import HetflError
+from hetfl.machine import threads_each
 
 CLEANUP = 10  # seconds past the budget: the interpreter's start-up (imports) and the tables at the end
 
@@ -62,6 +65,34 @@ def test_demo_within_budget_and_a_second_call_completes_the_table(tmp_path):
     assert all(len(s) == 1 and s[0]["rounds"] == 1 and s[0]["accuracy"] is not None for s in summaries.values())
     assert not (out / "demo" / FINISHED).exists()  # summaries.json holds them all
     assert len(list(runs.glob("*-s0/summary.json"))) == 3  # each run trained once
+
+
+@pytest.mark.parametrize("omp, expected", [("1", 1), ("3", 3), (None, "cores")])
+def test_a_suite_worker_computes_with_omp_num_threads_where_it_is_set_else_with_its_share_of_the_cores(
+        tmp_path, monkeypatch, omp, expected):
+    """Beside a one-thread pilot on 2 cores, a one-worker suite that took both cores trained 3-4x slower than
+    with the one it was told (OMP_NUM_THREADS=1): OpenMP's threads wait on each other at every kernel."""
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    preset = tmp_path / "one.toml"
+    preset.write_text(LONG.format(rounds=1))
+    done, _ = suite(str(preset), "--workers", "1", "--out", str(tmp_path / "out"), "--runs-dir",
+                    str(tmp_path / "runs"), budget=120)
+    assert done.returncode == 0, done.stderr
+    (summary,) = (tmp_path / "runs").glob("*/summary.json")
+    threads = {segment["threads"] for segment in json.loads(summary.read_text())["segments"]}
+    assert threads == {len(os.sched_getaffinity(0)) if expected == "cores" else expected}
+
+
+def test_omp_num_threads_that_is_no_count_is_refused_naming_it(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "two")
+    with pytest.raises(HetflError, match="OMP_NUM_THREADS must be a positive number of threads, got 'two'"):
+        threads_each(1)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert [threads_each(n) for n in (1, len(os.sched_getaffinity(0)), 10**6)] == [
+        len(os.sched_getaffinity(0)), 1, 1]
 
 
 def rounds_lasting(seconds: float, folder: Path) -> int:

@@ -40,6 +40,7 @@ from datetime import timedelta
 import torch
 
 from .errors import HetflError
+from .machine import threads_each
 from .ports import free_port
 
 RANK_TIMEOUT = 20.0  # seconds a rank's heartbeat may stand still before it counts as lost
@@ -236,7 +237,7 @@ def launch(processes: int, argv: list[str], rank_timeout: float = RANK_TIMEOUT) 
     OMP_NUM_THREADS says otherwise) and returns the exit code: 0, or the first failed rank's. When a rank fails,
     the others get the watchdog's time to end with their own line, and are then stopped."""
     port = free_port()
-    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // processes))
+    threads = str(threads_each(processes))
     children = []
     for rank in range(processes):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(processes), "LOCAL_RANK": str(rank),

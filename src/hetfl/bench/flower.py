@@ -76,7 +76,8 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: st
     """The figures of the bench (also printed); runs go to ``out`` (default: a temporary folder, removed)."""
     from ..flower.baton import BATON_ENV, Baton
     from ..flower.deploy import node_configs, sigterm_interrupts
-    from ..flower.federation import Federation, cores
+    from ..flower.federation import Federation
+    from ..machine import cores
     from ..flower.timing import EXCHANGE_LOG
 
     with sigterm_interrupts(), tempfile.TemporaryDirectory() as tmp:

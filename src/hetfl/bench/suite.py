@@ -82,7 +82,7 @@ from statistics import mean, median
 
 from ..config import Config
 from ..errors import HetflError
-from ..machine import device_split, device_type
+from ..machine import device_split, device_type, threads_each
 from ..rundir import read_jsonl
 from .runner import (FINISHED, _named_configs, _record_finished, at_target, finished_run, load_preset,
                      run_bench, run_lock, run_one, saved_runs)
@@ -480,9 +480,10 @@ def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: flo
     """Start the worker processes on ``todo`` and stop them by ``stop_at`` (SIGTERM, then SIGKILL); returns their
     exit codes."""
     cuda = any(device_type(j.cfg.device) == "cuda" for j in todo)
-    # CPU: the cores are the workers' to share; CUDA: a worker mostly launches kernels (one thread each, as the
-    # twelve `hetfl bench reefl-20ng --device cuda` processes of docs/benchmarks.md ran)
-    threads = 1 if cuda else max(1, len(os.sched_getaffinity(0)) // workers)
+    # CPU: the cores are the workers' to share (OMP_NUM_THREADS each where set: a suite beside other work); CUDA: a
+    # worker mostly launches kernels (one thread each, as the twelve `hetfl bench reefl-20ng --device cuda`
+    # processes of docs/benchmarks.md ran)
+    threads = 1 if cuda else threads_each(workers)
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or torch threads
     procs = [ctx.Process(target=_work, args=(todo, jobs, runs_root, stop_at, threads, progress, i + 1, known))
              for i in range(min(workers, len(todo)))]  # a worker more than the runs would only start and stop

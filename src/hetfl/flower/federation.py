@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import HetflError
+from ..machine import cores
 from ..ports import free_port
 from .credentials import make_node_key, make_tls
 from .slots import SLOTS_DIR_ENV, SLOTS_ENV
@@ -33,11 +34,6 @@ START_SECONDS = 60.0  # for the SuperLink to listen
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 POLL_CPU_SECONDS = 0.005  # measured (flwr 1.41, 2 cores): one poll of a SuperExec costs it and its SuperNode this
 POLL_SHARE = 0.05  # of this machine's cores that the polls of all its SuperNodes may use together
-
-
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def poll_interval(nodes: int, cores: int) -> float:
