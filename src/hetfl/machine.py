@@ -14,6 +14,8 @@ from collections import Counter
 from functools import cache
 from pathlib import Path
 
+from .errors import HetflError
+
 
 @cache
 def cpu_model() -> str:
@@ -39,8 +41,6 @@ def threads_each(processes: int) -> int:
     kernel's end, so one thread too many on a busy core slows the whole team (a one-worker suite given both cores
     beside a one-thread pilot trained 3-4x slower than alone). HetflError for an ``OMP_NUM_THREADS`` that is no
     positive count."""
-    from .errors import HetflError
-
     given = os.environ.get("OMP_NUM_THREADS", "").strip()
     if not given:
         return max(1, cores() // processes)

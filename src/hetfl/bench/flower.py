@@ -77,8 +77,8 @@ def run_flower_bench(rounds: int = 3, nodes: int = 10, repeats: int = 3, out: st
     from ..flower.baton import BATON_ENV, Baton
     from ..flower.deploy import node_configs, sigterm_interrupts
     from ..flower.federation import Federation
-    from ..machine import cores
     from ..flower.timing import EXCHANGE_LOG
+    from ..machine import cores
 
     with sigterm_interrupts(), tempfile.TemporaryDirectory() as tmp:
         folder = Path(out or tmp)
