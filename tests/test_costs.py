@@ -84,6 +84,20 @@ def test_latency_is_one_pair_per_module_in_order_timed_without_autograd_on_one_t
     assert probe.passes >= 50 + 7  # min_repeats timed, after the warm-up (Timer.timeit(5) and its own 2)
 
 
+def test_latency_times_each_module_in_the_turns_asked_taken_round_robin(monkeypatch):
+    from torch.utils.benchmark import Timer
+
+    order, autorange = [], Timer.blocked_autorange
+
+    def recorded(timer, *args, **kwargs):
+        order.append(timer._task_spec.description)
+        return autorange(timer, *args, **kwargs)
+
+    monkeypatch.setattr(Timer, "blocked_autorange", recorded)
+    latencies_ms([Probe(), Probe()], (1, 4, 4), seconds=0.02, min_repeats=1, turns=7)
+    assert order == ["module 0", "module 1"] * 7
+
+
 def test_costs_command(capsys):
     from hetfl.cli import main
 

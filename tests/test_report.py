@@ -331,6 +331,26 @@ def test_cost_claims_and_accuracy_drop():
     assert metric_value(summary, "level2/drop") == pytest.approx(0.05)
 
 
+def test_a_latency_timed_on_a_busy_machine_decides_no_claim_and_the_table_says_how_busy_it_was():
+    from hetfl.report import check_cost_claim, latency_note
+
+    def costs(others):
+        return {"S": {model: {"params": params, "latency_ms": ms, "others_busy_cores": others, "cores": 2}
+                      for model, params, ms in (("global", 1000, 2.0), ("level2", 200, 1.2))}}
+
+    fast = {"claim": "2x faster", "better": "S", "cost_ratio": ["global", "level2"], "cost": "latency_ms",
+            "at_least": 2}
+    size = {**fast, "cost": "params", "at_least": 4}
+    assert check_cost_claim(fast, costs(0.04))[1] == "did not hold"
+    busy = check_cost_claim(fast, costs(1.93))
+    assert busy[1] == "undecided (latency timed while other processes kept 1.9 of 2 cores busy)"
+    assert "1.67x" in busy[2]  # the measurement is still shown
+    assert check_cost_claim(size, costs(1.93))[1] == "held"  # sizes do not depend on the load
+    assert "at most 1.93 of 2 cores busy" in latency_note(costs(1.93))
+    assert latency_note({"S": {"global": {"params": 1, "latency_ms": None}}}) == ""  # no latency timed
+    assert "busy" not in latency_note({"S": {"global": {"params": 1, "latency_ms": 2.0}}})  # made before the load
+
+
 def test_exits_mean_by_depth_reads_each_exit_from_the_global_model_or_the_sub_model_ending_in_it():
     from hetfl.report import metric_value
 

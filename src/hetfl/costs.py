@@ -83,16 +83,19 @@ def saved_activation_bytes(module: nn.Module, x: torch.Tensor, y: torch.Tensor) 
 
 
 LATENCY_TURNS = 5  # turns each module is timed in, round-robin with the other modules
+# A claim's latencies (``bench/runner._model_costs``): more and longer turns. On a 2-core VM, ScaleFL's global/level-2
+# ratio read 1.55-1.81x over seven idle calls at (0.3 s, 5 turns), 1.52-1.63x over eleven at (1.5 s, 30 turns).
+CLAIM_LATENCY = {"seconds": 1.5, "turns": 30}
 
 
 def latencies_ms(modules: list[nn.Module], input_shape: tuple[int, ...], seconds: float = 0.3,
-                 min_repeats: int = 30, example=image_input) -> list[tuple[float, float]]:
+                 min_repeats: int = 30, example=image_input, turns: int = LATENCY_TURNS) -> list[tuple[float, float]]:
     """Returns one (median, interquartile range) per module: ms of a single-sample forward pass (eval mode, no
     autograd) on one thread, after a warm-up, each module timed for ``seconds`` and ``min_repeats`` passes at least.
 
     ``torch.utils.benchmark.Timer`` times a module in blocks of back-to-back passes (it sizes the blocks so that
     its own overhead is negligible); median and IQR are over the blocks' per-pass means. A Timer measures one
-    module at a time, so the modules are timed in turns taken round-robin (``LATENCY_TURNS``, more while a module
+    module at a time, so the modules are timed in ``turns`` taken round-robin (more while a module
     lacks ``min_repeats`` passes), each module's blocks of every turn pooled: the machine's slow phases fall on
     all of them alike.
     """
@@ -102,14 +105,14 @@ def latencies_ms(modules: list[nn.Module], input_shape: tuple[int, ...], seconds
     # one thread: a device runs one request on its own, and threads add scheduling noise (Timer restores the count)
     timers = [Timer("module(x)", globals={"module": module.eval(), "x": x}, num_threads=1, description=f"module {i}")
               for i, module in enumerate(modules)]
-    turns: list[list[Measurement]] = [[] for _ in modules]
+    timed: list[list[Measurement]] = [[] for _ in modules]
     with torch.no_grad():  # grad mode is per thread, and a Timer runs its statement in this one
         for timer in timers:
             timer.timeit(5)  # warm-up, discarded: allocator, oneDNN primitive caches
-        while any(len(done) < LATENCY_TURNS or _passes(done) < min_repeats for done in turns):
-            for timer, done in zip(timers, turns):
-                done.append(timer.blocked_autorange(min_run_time=seconds / LATENCY_TURNS))
-    pooled = [Measurement.merge(done)[0] for done in turns]  # one module at a time: merge groups by statement
+        while any(len(done) < turns or _passes(done) < min_repeats for done in timed):
+            for timer, done in zip(timers, timed):
+                done.append(timer.blocked_autorange(min_run_time=seconds / turns))
+    pooled = [Measurement.merge(done)[0] for done in timed]  # one module at a time: merge groups by statement
     return [(m.median * 1e3, m.iqr * 1e3) for m in pooled]
 
 
@@ -204,13 +207,14 @@ def describe_spec(spec: SubModel) -> str:
 
 
 def cost_rows(family: ModelFamily, specs: dict[str, SubModel], batch_size: int = 32,
-              latency: bool = True) -> list[dict]:
-    """One JSON-able dict per sub-model: its label, spec, measured cost and (with ``latency``) its latency."""
+              latency: bool = True, timing: dict | None = None) -> list[dict]:
+    """One JSON-able dict per sub-model: its label, spec, measured cost and (with ``latency``) its latency, timed by
+    ``latencies_ms`` with ``timing`` (its ``seconds`` and ``turns``; ``CLAIM_LATENCY`` for a claim)."""
     rows = [{"label": label, "spec": spec.to_dict(), **asdict(measure(family, spec, batch_size)),
              "latency_ms": None, "latency_iqr_ms": None} for label, spec in specs.items()]
     if latency:
         timed = latencies_ms([build(family, spec) for spec in specs.values()], family.input_shape,
-                             example=family.example_input)
+                             example=family.example_input, **(timing or {}))
         for row, (median, iqr) in zip(rows, timed):
             row["latency_ms"], row["latency_iqr_ms"] = median, iqr
     return rows

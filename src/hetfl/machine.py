@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from collections import Counter
 from functools import cache
 from pathlib import Path
@@ -47,6 +48,40 @@ def threads_each(processes: int) -> int:
     if not given.isdigit() or int(given) < 1:
         raise HetflError(f"OMP_NUM_THREADS must be a positive number of threads, got '{given}'")
     return int(given)
+
+
+class OthersBusy:
+    """How many cores other processes kept busy while a ``with`` block ran: the machine's busy CPU time
+    (``/proc/stat``: user, nice, system, irq, softirq, steal; a container reads its host's) less this process's own
+    (``time.process_time``: all its threads), over the block's wall time. ``cores`` is None where ``/proc/stat``
+    cannot be read (not Linux). Measured around a latency measurement, it says whether other work shared the cores
+    the timer needed: on a 2-core CPU beside two one-thread training processes (others: 1.2 cores), the latencies of
+    ScaleFL's global and level-2 models (``scalefl-inference``) doubled and their ratio read 1.15-1.76x, against
+    1.52-1.63x on the idle machine (others: at most 0.01 cores; ``costs.CLAIM_LATENCY``)."""
+
+    cores: float | None = None
+
+    def __enter__(self) -> OthersBusy:
+        self._start = (_machine_busy_seconds(), time.process_time(), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        (busy, own, wall), (busy0, own0, wall0) = (_machine_busy_seconds(), time.process_time(),
+                                                   time.perf_counter()), self._start
+        if busy is not None and busy0 is not None:
+            self.cores = max(0.0, (busy - busy0) - (own - own0)) / max(wall - wall0, 1e-9)
+
+
+def _machine_busy_seconds(stat: Path = Path("/proc/stat")) -> float | None:
+    """CPU-seconds every process of the machine has computed since boot (``/proc/stat``), None where unreadable."""
+    try:
+        fields = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if fields[:1] != ["cpu"] or len(fields) < 9:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def describe(device) -> dict:

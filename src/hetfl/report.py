@@ -346,6 +346,8 @@ def privacy_table(results: dict[str, list[dict]]) -> str:
 # combination of several runs' means, which no scipy test takes); the t distribution is scipy's.
 
 ALPHA = 0.05  # two-sided significance threshold of every comparison a claim makes
+# other processes' busy cores above which a latency was timed on a contended machine: no latency claim is decided
+BUSY_CORES = 0.5
 
 
 def t_pvalue(t: float, df: float) -> float:
@@ -443,7 +445,32 @@ def check_cost_claim(claim: dict, costs: dict | None) -> list[str]:
     ratio = rows[a][kind] / rows[b][kind]
     measured = f"{label}: {kind} of {a} / {b} = {rows[a][kind]:,.4g} / {rows[b][kind]:,.4g} = {ratio:.2f}x " \
                f"against {claim['at_least']:g}x"
+    if kind == "latency_ms" and (busy := _busy_note(rows[a]) or _busy_note(rows[b])):
+        return [claim.get("claim", ""), f"undecided (latency timed while {busy})", measured]
     return [claim.get("claim", ""), "held" if ratio >= claim["at_least"] else "did not hold", measured]
+
+
+def _busy_note(row: dict) -> str:
+    """What made a cost row's latency unfit to decide a claim ("other processes kept 1.9 of 2 cores busy"), or ""
+    when other processes kept under ``BUSY_CORES`` busy while it was timed (or nobody measured it)."""
+    others = row.get("others_busy_cores")
+    return "" if others is None or others < BUSY_CORES else \
+        f"other processes kept {others:.1f} of {row['cores']} cores busy"
+
+
+def latency_note(costs: dict[str, dict[str, dict]] | None) -> str:
+    """Under the models table: how its CPU latencies were timed and how busy the machine was meanwhile."""
+    rows = [row for models in (costs or {}).values() for row in models.values() if row.get("latency_ms") is not None]
+    if not rows:
+        return ""
+    note = ("CPU latency: median of single-sample forward passes in eval mode on one thread (`hetfl.costs."
+            "latencies_ms`), timed when this table was written")
+    busiest = [row for row in rows if row.get("others_busy_cores") is not None]
+    if busiest:
+        worst = max(busiest, key=lambda row: row["others_busy_cores"])
+        note += (f", while other processes kept at most {worst['others_busy_cores']:.2f} of {worst['cores']} cores "
+                 f"busy (a latency claim is decided only below {BUSY_CORES:g})")
+    return note + "."
 
 
 def check_claim(claim: dict, results: dict[str, list[dict]], costs: dict | None = None,
@@ -562,7 +589,7 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
     parts = [f"# {preset.get('title', 'bench')}", preset.get("description", "").strip(),
              interim_note(missing, sum(map(len, results.values()))), "## Global model", bench_table(results)]
     if models or costs is not None:
-        parts += ["## Every evaluated model", models_table(results, costs)]
+        parts += ["## Every evaluated model", models_table(results, costs), latency_note(costs)]
     if table := privacy_table(results):
         parts += ["## Differential privacy: each model's accuracy and the noise it kept", table]
     if preset.get("claims"):

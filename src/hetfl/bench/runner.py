@@ -17,7 +17,9 @@ A preset is a TOML file:
   label), ``lower_is_better`` (``report.check_claim``). Convergence is claimed on
   ``rounds_to_target`` (the runs' ``target_accuracy``), never on ``best_round``. A cost claim:
   ``cost_ratio = [A, B]`` (two evaluated models), ``cost`` (params, macs or latency_ms), ``better``
-  (the run) and ``at_least`` (the ratio A / B), checked on the costs table (``costs = true``);
+  (the run) and ``at_least`` (the ratio A / B), checked on the costs table (``costs = true``); a latency
+  timed while other processes kept half a core or more busy decides none (``report.BUSY_CORES``): pause the
+  machine's other work before ``--report-only``;
 * ``diagnosis`` (optional): Markdown under the claims, why the claims that fail fail, with the
   controlled experiment that shows it (the numbers it quotes are the tables' own, so a rerun that
   changes them must change the text).
@@ -47,6 +49,7 @@ from ..checkpoint import has_checkpoint
 from ..config import Config
 from ..methods import config_from, load_config
 from ..errors import HetflError, read_text_file
+from ..machine import OthersBusy, cores
 from ..plots import plot_curves, plot_levels
 from ..report import as_list, bench_report, rounds_to_target
 from ..rundir import RunDirBusy, atomic_write_text
@@ -485,8 +488,10 @@ def _forget_finished(path: Path, runs_root: Path, names: set[str]) -> None:
 
 
 def _model_costs(resolved: dict[str, Config]) -> dict[str, dict[str, dict]]:
-    """Per label and evaluated model: params, MACs and CPU latency, measured here one after the other."""
-    from ..costs import cost_rows
+    """Per label and evaluated model: params, MACs and CPU latency, measured here one after the other, each row with
+    the cores other processes kept busy while its label's latencies were timed (``others_busy_cores``, of ``cores``;
+    ``report.check_cost_claim`` decides no latency claim on a busy machine)."""
+    from ..costs import CLAIM_LATENCY, cost_rows
     from ..data import load_dataset
     from ..methods import build_method
 
@@ -494,6 +499,7 @@ def _model_costs(resolved: dict[str, Config]) -> dict[str, dict[str, dict]]:
     for label, cfg in resolved.items():
         data = load_dataset(cfg.dataset, cfg.data_dir or None, cfg.max_length)  # cached per process
         method = build_method(cfg, data.input_shape, data.num_classes)
-        rows = cost_rows(method.family, method.eval_specs(), cfg.batch_size, latency=True)
-        out[label] = {r["label"]: r for r in rows}
+        with OthersBusy() as others:
+            rows = cost_rows(method.family, method.eval_specs(), cfg.batch_size, timing=CLAIM_LATENCY)
+        out[label] = {r["label"]: {**r, "others_busy_cores": others.cores, "cores": cores()} for r in rows}
     return out
