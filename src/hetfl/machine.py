@@ -66,8 +66,8 @@ class OthersBusy:
         return self
 
     def __exit__(self, *exc) -> None:
-        (busy, own, wall), (busy0, own0, wall0) = (_machine_busy_seconds(), time.process_time(),
-                                                   time.perf_counter()), self._start
+        busy0, own0, wall0 = self._start
+        busy, own, wall = _machine_busy_seconds(), time.process_time(), time.perf_counter()
         if busy is not None and busy0 is not None:
             self.cores = max(0.0, (busy - busy0) - (own - own0)) / max(wall - wall0, 1e-9)
 

@@ -495,11 +495,11 @@ def _model_costs(resolved: dict[str, Config]) -> dict[str, dict[str, dict]]:
     from ..data import load_dataset
     from ..methods import build_method
 
-    out = {}
+    out, machine_cores = {}, cores()
     for label, cfg in resolved.items():
         data = load_dataset(cfg.dataset, cfg.data_dir or None, cfg.max_length)  # cached per process
         method = build_method(cfg, data.input_shape, data.num_classes)
         with OthersBusy() as others:
             rows = cost_rows(method.family, method.eval_specs(), cfg.batch_size, timing=CLAIM_LATENCY)
-        out[label] = {r["label"]: {**r, "others_busy_cores": others.cores, "cores": cores()} for r in rows}
+        out[label] = {r["label"]: {**r, "others_busy_cores": others.cores, "cores": machine_cores} for r in rows}
     return out
