@@ -287,13 +287,14 @@ def test_warm_workers_give_the_simulators_weights_and_end_with_their_owner(deplo
     wait_until(lambda: all(gone(worker_pids(f)[0]) and not list(f.glob("*.sock")) for f in folders))
 
 
-def test_a_worker_killed_or_hung_while_it_trains_loses_the_message_and_a_new_one_takes_over(tmp_path, owner,
-                                                                                           monkeypatch):
+def test_a_worker_killed_before_it_takes_a_message_is_replaced_one_killed_or_hung_after_loses_it(tmp_path, owner,
+                                                                                               monkeypatch):
     import signal
     import threading
 
     from flwr.app import ConfigRecord, RecordDict
 
+    from hetfl.flower import worker
     from hetfl.flower.worker import WorkerFailed, WorkerLost, ask, socket_path
 
     root, node = tmp_path / "node", {"partition-id": 0, "num-partitions": 1}
@@ -306,30 +307,59 @@ def test_a_worker_killed_or_hung_while_it_trains_loses_the_message_and_a_new_one
         except (WorkerFailed, WorkerLost) as e:
             return e
 
+    def in_a_thread():
+        result = []
+        shim = threading.Thread(target=lambda: result.append(asked()))
+        shim.start()
+        return shim, result
+
+    def hold(name):  # the shim's ``worker.NAME`` sets ``reached``, then waits for ``go`` (once set: as before)
+        reached, go, real = threading.Event(), threading.Event(), getattr(worker, name)
+
+        def held(*args):
+            value = real(*args)
+            reached.set()
+            go.wait(60)
+            return value
+        monkeypatch.setattr(worker, name, held)
+        return reached, go
+
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as a Federation sets it for 2 or more nodes a core
     assert isinstance(asked(), WorkerFailed)  # a worker started, and replied
     assert "training with 1 torch thread" in worker_lines(folder, ": listening")[0]  # not torch's default: every core
     first = worker_pids(folder)[0]
+
+    # killed with the message's connection queued at its listener, not taken: a new worker trains the message
     os.kill(first, signal.SIGSTOP)
-    result = []
-    shim = threading.Thread(target=lambda: result.append(asked()))
-    shim.start()
-    wait_until(lambda: len(worker_lines(folder, "handed to worker")) == 2)  # connected: the worker has the message
+    connected, go = hold("connect")
+    shim, result = in_a_thread()
+    assert connected.wait(60)
     os.kill(first, signal.SIGKILL)
+    go.set()
+    shim.join(120)
+    assert isinstance(result[0], WorkerFailed)
+    assert worker_lines(folder, f"worker {first} was gone before it took the message")
+    second = worker_pids(folder)[1]
+    assert second != first and gone(first) and not gone(second)
+
+    # killed after it took the message: lost, as a reply that never comes
+    taken, go = hold("_taken")
+    shim, result = in_a_thread()
+    assert taken.wait(60)
+    os.kill(second, signal.SIGKILL)
+    wait_until(lambda: gone(second))
+    go.set()
     shim.join(60)
     assert isinstance(result[0], WorkerLost) and "died while it trained" in str(result[0])
     assert socket_path(folder, owner.pid).exists()  # stale: a killed worker cannot remove it
-    # the next message comes once the killed worker is gone: while the kernel still tears it down, its listener can
-    # queue a connection and then reset it (seen once beside two training processes on 2 cores)
-    wait_until(lambda: gone(first))
 
     assert isinstance(asked(), WorkerFailed)  # the stale socket is replaced by a new worker
-    second = worker_pids(folder)[1]
-    assert second != first and not gone(second)
-    os.kill(second, signal.SIGSTOP)  # hung: the shim gives up at the message's deadline and stops it
+    third = worker_pids(folder)[2]
+    assert third not in (first, second) and not gone(third)
+    os.kill(third, signal.SIGSTOP)  # hung: the shim gives up at the message's deadline and stops it
     lost = asked(timeout=1.0)
     assert isinstance(lost, WorkerLost) and "did not reply" in str(lost)
-    wait_until(lambda: gone(second))
+    wait_until(lambda: gone(third))
 
 
 def test_a_federation_polls_less_and_trains_on_fewer_threads_in_turns_the_more_nodes_share_its_cores(tmp_path,

@@ -8,9 +8,10 @@
 4. the SuperLink and ServerApp killed with SIGKILL after a round: ``hetfl deploy --resume`` ends with
    the weights of an uninterrupted run (and a Ctrl-C on the way stops every process);
 5. bad replies (here a node that sends NaNs) are rejected with the client's id, never aggregated;
-6. every node trains on its warm worker, so 1 holds with workers; a worker killed mid-round
-   loses its client for that round only (the weights of a simulator run where it dropped out), and
-   Flower's floor app sends and returns messages of the sizes it is given.
+6. every node trains on its warm worker, so 1 holds with workers; a worker killed with a message
+   waiting for it loses nothing (a new worker trains it), one hung mid-round loses its client for
+   that round only (the weights of a simulator run where it dropped out), and Flower's floor app
+   sends and returns messages of the sizes it is given.
 
 Every process runs with one thread (results are compared bit for bit with the simulator run in
 this process with one thread), every wait has a deadline, and every test checks that no process it
@@ -42,7 +43,7 @@ from hetfl.methods import config_from  # noqa: E402
 from hetfl.rundir import unlock_run_dir  # noqa: E402
 from hetfl.sim import Simulation  # noqa: E402
 from weights import assert_identical, weights  # noqa: E402
-from worker_log import live_processes_in, worker_lines, worker_pids  # noqa: E402
+from worker_log import live_processes_in, queued_at, worker_lines, worker_pids  # noqa: E402
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 TIMEOUT = 240  # seconds for any one run on Flower; a few rounds on digits take well under a minute
@@ -379,24 +380,30 @@ def test_a_node_killed_mid_round_is_missing_then_back_and_bad_replies_are_reject
 
 
 @pytest.mark.soak
-def test_a_worker_killed_mid_round_loses_its_client_for_that_round_only(tmp_path, one_thread):
-    cfg = small_cfg(tmp_path, "worker", method="depthfl", rounds=3, round_timeout=60)  # FedDyn state on the nodes
+def test_a_worker_killed_with_a_message_waiting_loses_nothing_and_one_hung_loses_its_client_for_a_round(
+        tmp_path, one_thread):
+    cfg = small_cfg(tmp_path, "worker", method="depthfl", rounds=4, round_timeout=60)  # FedDyn state on the nodes
     run_dir = tmp_path / "worker"
     folder = run_dir / "flower" / "node-2" / "worker"
+    metrics = run_dir / "metrics.jsonl"
+    rounds_done = lambda n: metrics.exists() and metrics.read_text().count("\n") >= n  # noqa: E731
     with Deploy(tmp_path / "deploy.log", *flags(cfg), "--nodes=3") as deployment:
-        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and "\n" in (run_dir / "metrics.jsonl").read_text(),
-                 "round 1", deployment)
+        wait_for(lambda: rounds_done(1), "round 1", deployment)
         first = worker_pids(folder)[0]
-        os.kill(first, signal.SIGSTOP)  # idle between rounds; round 2's message will wait for it
-        wait_for(lambda: worker_lines(folder, "(round 2): handed to worker"), "round 2 at node 2's worker", deployment)
-        os.kill(first, signal.SIGKILL)  # dies with the message
+        os.kill(first, signal.SIGSTOP)  # idle between rounds; round 2's message waits at its listener
+        wait_for(lambda: queued_at(first) == 1, "round 2 queued at node 2's worker", deployment)
+        os.kill(first, signal.SIGKILL)  # dies before it took the message: a new worker trains it
+        wait_for(lambda: rounds_done(2), "round 2", deployment)
+        second = worker_pids(folder)[1]
+        os.kill(second, signal.SIGSTOP)  # hung: round 3's shim stops it at the message's deadline
         code, out = deployment.finish()
     assert code == 0, out
     got = records(run_dir)
-    assert [r["missing"] for r in got] == [[], [2], []] and not any(r["rejected"] for r in got)
-    assert [r["clients"] for r in got] == [3, 2, 3]  # a new worker took round 3's message
-    assert len(worker_pids(folder)) == 2
-    want, _ = simulated(cfg, dropped={2: {2}})
+    assert [r["missing"] for r in got] == [[], [], [2], []] and not any(r["rejected"] for r in got)
+    assert [r["clients"] for r in got] == [3, 3, 2, 3]  # a third worker took round 4's message
+    assert worker_lines(folder, f"(round 2): worker {first} was gone before it took the message")
+    assert len(worker_pids(folder)) == 3
+    want, _ = simulated(cfg, dropped={3: {2}})
     assert_identical(want, weights(run_dir))
     assert not live_processes_in(run_dir)
 

@@ -1,7 +1,8 @@
-"""Helpers the tests share to read a node's warm-worker log (``STATE_DIR/worker/worker.log``) and to find the processes
-a federation left."""
+"""Helpers the tests share to read a node's warm-worker log (``STATE_DIR/worker/worker.log``), to see the messages
+waiting at a worker's socket and to find the processes a federation left."""
 
 import os
+import subprocess
 from pathlib import Path
 
 
@@ -29,3 +30,10 @@ def live_processes_in(folder: Path) -> list[str]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
     return found
+
+
+def queued_at(pid: int) -> int:
+    """How many connections wait, not yet accepted, at the listening Unix socket of process ``pid`` (``ss``'s
+    Recv-Q; a worker binds its socket through a folder's fd when the path is long, so its address is not its path)."""
+    out = subprocess.run(["ss", "-xlpH"], capture_output=True, text=True, check=True).stdout
+    return sum(int(line.split()[2]) for line in out.splitlines() if f"pid={pid}," in line)

@@ -18,13 +18,18 @@ imports neither torch nor the rest of hetfl.
 * Failure: a worker that dies while it trains (its connection breaks) or does not reply within
   the message's TTL (it is then killed) makes the shim answer with Flower's CLIENT_APP_CRASHED
   error: the server records the client as missing, as for a lost reply, and the round goes on. The
-  next message finds the stale socket, removes it and starts a new worker. A worker whose training
-  raises replies with the error, which the shim raises (the server records the client's failure).
+  next message finds the stale socket, removes it and starts a new worker. A worker that dies
+  before it takes a message loses nothing: its listener, while the kernel tears it down, can still
+  queue a connection and then reset it, so the shim hands the message over only once the worker
+  says it has taken the connection, and otherwise asks again (a new worker, once the old is gone).
+  A worker whose training raises replies with the error, which the shim raises (the server records
+  the client's failure).
 * Results: the worker trains with the same ``NodeTrainer`` as a cold ClientApp and reads the
   client's own state from the node's disk for every message, so its replies are the same tensors.
 
-Protocol: length-prefixed frames (an 8-byte big-endian length, then the bytes): a JSON header, then
-a RecordDict as Flower's protobuf; one request and one reply per connection.
+Protocol: length-prefixed frames (an 8-byte big-endian length, then the bytes), one message per
+connection: the worker's ``TAKEN`` once it has accepted it; the request, a JSON header, then a RecordDict
+as Flower's protobuf; the reply, the same two.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ from ..errors import HetflError
 from .timing import MessageClock
 
 FRAME = struct.Struct(">Q")
+TAKEN = b"taken"  # the worker's first frame on a connection it has accepted
+RETRY_SECONDS = 0.05  # between tries to reach a worker that was gone before it took the message
 START_SECONDS = 120.0  # for a new worker to listen (it imports torch first: seconds on a loaded machine)
 OWNER_POLL_SECONDS = 1.0  # how often a worker checks that its owner still runs
 UNIX_PATH_MAX = 100  # a socket path longer than this (sun_path holds 108 bytes) is reached through its folder's fd
@@ -76,32 +83,57 @@ def ask(node_config: dict, state_root: Path, content: RecordDict, timeout: float
     folder = private_folder(state_root)
     owner = owner or os.getppid()
     deadline = time.monotonic() + timeout
-    sock = connect(folder, owner) or start(folder, owner, deadline)
-    with sock:
-        pid = peer_pid(sock)
-        log(folder, f"shim {os.getpid()}: {label}: handed to worker {pid}")
-        if clock is not None:
-            clock.mark("handed")
-        try:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            send_frame(sock, json.dumps({"node": node_config}).encode())
-            send_frame(sock, recorddict_to_proto(content).SerializeToString())
-            header = json.loads(recv_frame(sock))
-            if "error" in header:
-                raise WorkerFailed(header["error"])
-            reply = parse_content(recv_frame(sock))
-            if clock is not None:
-                clock.mark("replied")
-                clock.times["worker"] = header  # when it took the message and replied, and its phases
-                log(folder, f"shim {os.getpid()}: {label}: replied{clock.line()}")
-            return reply
-        except TimeoutError:
-            if pid:
-                _kill(pid)  # a hung worker would hang every later message too
-            raise WorkerLost(f"(pid {pid}) did not reply within the message's time to live ({timeout:.0f} s); it "
-                             "was stopped") from None
-        except (ConnectionError, OSError) as e:
-            raise WorkerLost(f"(pid {pid}) died while it trained ({type(e).__name__})") from None
+    while True:
+        sock = connect(folder, owner) or start(folder, owner, deadline)
+        with sock:
+            pid = peer_pid(sock)
+            try:
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                if _taken(sock):
+                    return _exchange(sock, folder, f"shim {os.getpid()}: {label}", node_config, content, clock)
+            except TimeoutError:
+                if pid:
+                    _kill(pid)  # a hung worker would hang every later message too
+                raise WorkerLost(f"(pid {pid}) did not reply within the message's time to live ({timeout:.0f} s); "
+                                 "it was stopped") from None
+            except (ConnectionError, OSError) as e:
+                raise WorkerLost(f"(pid {pid}) died while it trained ({type(e).__name__})") from None
+        log(folder, f"shim {os.getpid()}: {label}: worker {pid} was gone before it took the message")
+        if time.monotonic() + RETRY_SECONDS >= deadline:
+            raise WorkerLost(f"(pid {pid}) was gone, and no new worker took the message within its time to live "
+                             f"({timeout:.0f} s)")
+        time.sleep(RETRY_SECONDS)  # its listener may queue (and reset) another connection meanwhile
+
+
+def _exchange(sock: socket.socket, folder: Path, shim: str, node_config: dict, content: RecordDict,
+              clock: MessageClock | None) -> RecordDict:
+    """The reply content of the worker that took ``sock``, to the request it is sent now; WorkerFailed if its
+    training raised. ``shim`` names this shim and message in the worker's log."""
+    log(folder, f"{shim}: handed to worker {peer_pid(sock)}")
+    if clock is not None:
+        clock.mark("handed")
+    send_frame(sock, json.dumps({"node": node_config}).encode())
+    send_frame(sock, recorddict_to_proto(content).SerializeToString())
+    header = json.loads(recv_frame(sock))
+    if "error" in header:
+        raise WorkerFailed(header["error"])
+    reply = parse_content(recv_frame(sock))
+    if clock is not None:
+        clock.mark("replied")
+        clock.times["worker"] = header  # when it took the message and replied, and its phases
+        log(folder, f"{shim}: replied{clock.line()}")
+    return reply
+
+
+def _taken(sock: socket.socket) -> bool:
+    """Whether the worker took the connection (sent TAKEN); False if it closed or reset it first (it died); a
+    TimeoutError if it says nothing before the socket's timeout (hung, or still busy with an earlier message)."""
+    try:
+        return recv_frame(sock) == TAKEN
+    except TimeoutError:
+        raise
+    except (ConnectionError, OSError):
+        return False
 
 
 def private_folder(state_root: Path) -> Path:
@@ -287,6 +319,7 @@ def handle(conn: socket.socket, folder: Path, trainers: dict) -> None:
         return
     accepted, started = time.time(), time.perf_counter()
     try:
+        send_frame(conn, TAKEN)
         header = json.loads(recv_frame(conn))
         received = time.perf_counter()
         content = parse_content(recv_frame(conn))
