@@ -90,7 +90,7 @@ def ask(node_config: dict, state_root: Path, content: RecordDict, timeout: float
             try:
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
                 if _taken(sock):
-                    return _exchange(sock, folder, f"shim {os.getpid()}: {label}", node_config, content, clock)
+                    return _exchange(sock, pid, folder, f"shim {os.getpid()}: {label}", node_config, content, clock)
             except TimeoutError:
                 if pid:
                     _kill(pid)  # a hung worker would hang every later message too
@@ -105,11 +105,11 @@ def ask(node_config: dict, state_root: Path, content: RecordDict, timeout: float
         time.sleep(RETRY_SECONDS)  # its listener may queue (and reset) another connection meanwhile
 
 
-def _exchange(sock: socket.socket, folder: Path, shim: str, node_config: dict, content: RecordDict,
+def _exchange(sock: socket.socket, pid: int | None, folder: Path, shim: str, node_config: dict, content: RecordDict,
               clock: MessageClock | None) -> RecordDict:
-    """The reply content of the worker that took ``sock``, to the request it is sent now; WorkerFailed if its
+    """The reply content of the worker ``pid`` that took ``sock``, to the request it is sent now; WorkerFailed if its
     training raised. ``shim`` names this shim and message in the worker's log."""
-    log(folder, f"{shim}: handed to worker {peer_pid(sock)}")
+    log(folder, f"{shim}: handed to worker {pid}")
     if clock is not None:
         clock.mark("handed")
     send_frame(sock, json.dumps({"node": node_config}).encode())
