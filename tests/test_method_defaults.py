@@ -30,3 +30,34 @@ def test_a_method_defaults_to_its_papers_backbone_where_the_default_cnn_does_not
     assert config_from({"method": method, "dataset": "r8"}).model == "minilm"  # text: the pretrained encoder
     assert config_from({"method": method, "model": "cnn", "md_beta": 0.0} if "inclusivefl" in method
                        else {"method": method, "model": "cnn"}).model == "cnn"  # a given model is kept
+
+
+@pytest.fixture
+def inputs_on_other_devices():
+    """The (module, input device, parameter device) of every module call whose input is not where the module's own
+    parameters are, while the fixture lasts."""
+    import torch
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    seen = []
+
+    def check(module, args):
+        devices = {p.device for p in module.parameters(recurse=False)}
+        seen.extend((type(module).__name__, a.device, devices) for a in args
+                    if isinstance(a, torch.Tensor) and devices and a.device not in devices)
+
+    hook = register_module_forward_pre_hook(check)
+    yield seen
+    hook.remove()
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_method_built_for_another_device_feeds_its_modules_nothing_from_the_cpu(method, inputs_on_other_devices):
+    """Built on torch's meta device (shapes only: a stand-in for cuda on a machine without one), a method's set-up
+    passes no CPU tensor to its models: FeDepth's check of its block boundary once ran a CPU batch through a CUDA
+    stem and every FeDepth run failed on a GPU at its start. (Its budgets are measured on the CPU by design.)"""
+    from hetfl.methods import method_class
+
+    cfg, cls = config_from({"method": method, "dataset": "fmnist"}), method_class(method)
+    cls(cfg, cls.make_family(cfg, (1, 28, 28), 10), cfg.levels, "meta")
+    assert inputs_on_other_devices == []

@@ -51,6 +51,12 @@ so a run longer than any budget advances from call to call.
 SIGKILL ``TERM_GRACE`` seconds later, so no worker holds the device when the budget ends. A worker whose suite
 process is gone (killed, even by SIGKILL) stops itself at once, as at SIGTERM: it watches its parent. A
 stopped run keeps its last checkpoint (run folders survive ``kill -9``) and its lock goes with its process.
+**A run that fails.** A run that raises an error hetfl did not foresee (a bug, a device that fails) is
+recorded as failed for this call and ends its worker, whose process may be unsound (a CUDA context after a
+device-side error); the suite starts a worker in its place, and no worker takes a failed run again in this call:
+one bad run costs one attempt, not every worker (the next call tries it again). Its traceback is in the log, and
+the call ends with exit code 1 and the failed runs' names.
+
 Then each preset whose runs are all finished gets its table, as ``hetfl bench PRESET`` writes it (every run
 taken from ``finished-runs.json``: nothing is trained after the budget); the others say how many runs they lack.
 
@@ -74,6 +80,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, fields
@@ -408,10 +415,11 @@ def worker_device(device: str, worker: int, gpus: int) -> str:
 
 
 def _work(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, threads: int, progress: bool,
-          worker: int, known: dict[str, dict]) -> None:
+          worker: int, known: dict[str, dict], failed: Path) -> None:
     """A worker process: trains every run of ``todo`` it can claim whose estimate (from all the suite's ``jobs``
     and the runs ``known`` finished) fits before ``stop_at`` (time.monotonic, one clock for every process of the
-    machine), on its share of the GPUs (``worker_device``)."""
+    machine), on its share of the GPUs (``worker_device``), but none that ``failed`` (a folder) records as
+    failed in this call."""
     import torch
 
     # SIGTERM ends the worker as an exit would (locks released, its semaphores unregistered) at the next
@@ -427,7 +435,8 @@ def _work(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, thr
     deferred: list[Job] = []  # runs that cannot finish in time but can reach their next checkpoint: after the others
     for partial, runs in ((False, todo), (True, deferred)):
         for job in runs:
-            _train_if_it_fits(job, jobs, runs_root, stop_at, known, deferred, partial, progress, worker, gpus)
+            _train_if_it_fits(job, jobs, runs_root, stop_at, known, deferred, partial, progress, worker, gpus,
+                              failed)
 
 
 def _stop_with_parent() -> None:
@@ -438,17 +447,21 @@ def _stop_with_parent() -> None:
 
 
 def _train_if_it_fits(job: Job, jobs: list[Job], runs_root: Path, stop_at: float, known: dict[str, dict],
-                      deferred: list[Job], partial: bool, progress: bool, worker: int, gpus: int = 0) -> None:
+                      deferred: list[Job], partial: bool, progress: bool, worker: int, gpus: int = 0,
+                      failed: Path | None = None) -> None:
     """Returns None; trains ``job``'s run if this worker (1, 2, ...) gets its lock and it fits before ``stop_at``:
     whole, or (``partial``) up to its next checkpoint, so that a run longer than any budget still advances; a run
     that only fits that way the first time is put on ``deferred``. Plain ``cuda`` runs on the worker's share of the
-    ``gpus`` (``worker_device``)."""
+    ``gpus`` (``worker_device``). A run that raises an unforeseen error is recorded in ``failed`` (a file named
+    after its folder, holding where it failed) and the error ends the worker; a run recorded there is skipped."""
     cfg, where = job.cfg, f"{job.labels[0][0]} {job.labels[0][1]}, seed {job.cfg.seed}"
     with run_lock(cfg, wait=False) as mine:
         if not mine:
             return  # a sibling or another bench process is training it
         if cfg.name in _finished(jobs, runs_root, known):
             return  # finished before we got its lock
+        if failed is not None and (failed / cfg.name).exists():
+            return  # it failed in this call: one attempt a call (the next call tries it again)
         need, left = estimate(job, jobs, known), stop_at - time.monotonic()
         step = to_checkpoint(job, need, runs_root)
         if not fits(need, left):
@@ -470,27 +483,46 @@ def _train_if_it_fits(job: Job, jobs: list[Job], runs_root: Path, stop_at: float
         except HetflError as e:  # this run's problem (say a live `hetfl run --resume` of it): go on
             print(f"hetfl: error: {where}: {e}", flush=True)
             return
+        except Exception:  # a bug or a failing device: recorded before the worker ends, so no sibling retries it
+            if failed is not None:
+                (failed / cfg.name).write_text(where)
+            print(f"[suite {worker}] {where}: failed; this worker ends and another takes its place (traceback "
+                  "below)", flush=True)
+            raise
         for path in job.finished_files:
             _record_finished(path, runs_root, cfg, summary)
         known[cfg.name] = summary
 
 
 def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, workers: int,
-                 progress: bool, known: dict[str, dict]) -> list[int]:
-    """Start the worker processes on ``todo`` and stop them by ``stop_at`` (SIGTERM, then SIGKILL); returns their
-    exit codes."""
+                 progress: bool, known: dict[str, dict], failed: Path) -> list[int]:
+    """Start the worker processes on ``todo`` and stop them by ``stop_at`` (SIGTERM, then SIGKILL); a worker that
+    a failed run ended (one more run recorded in ``failed``) is replaced by a new one of the same number; returns
+    every worker's exit code."""
     cuda = any(device_type(j.cfg.device) == "cuda" for j in todo)
     # CPU: the cores are the workers' to share (OMP_NUM_THREADS each where set: a suite beside other work); CUDA: a
     # worker mostly launches kernels (one thread each, as the twelve `hetfl bench reefl-20ng --device cuda`
     # processes of docs/benchmarks.md ran)
     threads = 1 if cuda else threads_each(workers)
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or torch threads
-    procs = [ctx.Process(target=_work, args=(todo, jobs, runs_root, stop_at, threads, progress, i + 1, known))
-             for i in range(min(workers, len(todo)))]  # a worker more than the runs would only start and stop
+    def start(worker: int) -> multiprocessing.Process:
+        p = ctx.Process(target=_work, args=(todo, jobs, runs_root, stop_at, threads, progress, worker, known, failed))
+        p.start()
+        return p
+
+    procs: list[multiprocessing.Process] = []  # every worker started; the last of each number is in `slots`
     try:
-        for p in procs:
-            p.start()
-        while (alive := [p.sentinel for p in procs if p.is_alive()]) and time.monotonic() < stop_at:
+        slots = []
+        for i in range(min(workers, len(todo))):  # a worker more than the runs would only start and stop
+            slots.append(start(i + 1))
+            procs.append(slots[-1])
+        while time.monotonic() < stop_at:
+            for i, p in enumerate(slots):  # once per failed run: a worker failing at its start is not restarted
+                if p.exitcode and p.exitcode > 0 and len(procs) - len(slots) < len(list(failed.iterdir())):
+                    slots[i] = start(i + 1)
+                    procs.append(slots[i])
+            if not (alive := [p.sentinel for p in slots if p.is_alive()]):
+                break
             multiprocessing.connection.wait(alive, timeout=max(stop_at - time.monotonic(), 0))
     finally:  # also on Ctrl-C: never leave a worker on the device
         for p in procs:
@@ -548,7 +580,10 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     todo = [p.job for p in in_order([Planned(j, estimate(j, jobs, known), "") for j in jobs
                                      if j.cfg.name not in known], order)
             if may_start(p, runs_root, left)]
-    codes = _run_workers(todo, jobs, runs_root, stop_at, workers, progress, known) if todo else []
+    with tempfile.TemporaryDirectory(prefix="hetfl-suite-failed-") as folder:
+        failed = Path(folder)
+        codes = _run_workers(todo, jobs, runs_root, stop_at, workers, progress, known, failed) if todo else []
+        crashed = {f.name: f.read_text() for f in sorted(failed.iterdir())}
     print(f"[suite] {'workers stopped' if todo else 'no run to start'} after {time.monotonic() - started:.1f} s "
           f"of the {time_budget:g} s budget", flush=True)
 
@@ -580,6 +615,9 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
           + " (a run: its own rounds' pace, else that of its label's other runs, or of runs doing the same work"
             " per round, on its device)"
           + (f", and {unestimated} runs with nothing to estimate from" if unestimated else ""), flush=True)
+    for name, where in crashed.items():
+        print(f"hetfl: error: {where} ({name}) failed and was not retried in this call; its traceback is above",
+              flush=True)
     failed = [c for c in codes if c is not None and c > 0]  # negative: killed by a signal, ours
     if failed:
         print(f"hetfl: error: {len(failed)} suite worker(s) failed (exit codes {failed}); see their messages above",

@@ -114,7 +114,7 @@ class FeDepth(Method):
         super().__init__(cfg, family, num_levels, device)
         self._schedules: dict[Budget, Blockwise] = {}
         with torch.no_grad():
-            between = self.models.module(self.full_spec()).stem(family.inputs(2))
+            between = self.models.module(self.full_spec()).stem(family.inputs(2).to(self.device))
         if not isinstance(between, torch.Tensor):  # MSDNet's blocks pass one map per scale
             raise HetflError(f"FeDepth's skip connection and block groups read one feature map between blocks; model "
                              f"'{family.name}' passes {len(between)} scales between its blocks: use a single-scale "
