@@ -51,6 +51,7 @@ so a run longer than any budget advances from call to call.
 SIGKILL ``TERM_GRACE`` seconds later, so no worker holds the device when the budget ends. A worker whose suite
 process is gone (killed, even by SIGKILL) stops itself at once, as at SIGTERM: it watches its parent. A
 stopped run keeps its last checkpoint (run folders survive ``kill -9``) and its lock goes with its process.
+
 **A run that fails.** A run that raises an error hetfl did not foresee (a bug, a device that fails) is
 recorded as failed for this call and ends its worker, whose process may be unsound (a CUDA context after a
 device-side error); the suite starts a worker in its place, and no worker takes a failed run again in this call:
@@ -505,6 +506,7 @@ def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: flo
     # processes of docs/benchmarks.md ran)
     threads = 1 if cuda else threads_each(workers)
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or torch threads
+
     def start(worker: int) -> multiprocessing.Process:
         p = ctx.Process(target=_work, args=(todo, jobs, runs_root, stop_at, threads, progress, worker, known, failed))
         p.start()
@@ -581,9 +583,9 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
                                      if j.cfg.name not in known], order)
             if may_start(p, runs_root, left)]
     with tempfile.TemporaryDirectory(prefix="hetfl-suite-failed-") as folder:
-        failed = Path(folder)
-        codes = _run_workers(todo, jobs, runs_root, stop_at, workers, progress, known, failed) if todo else []
-        crashed = {f.name: f.read_text() for f in sorted(failed.iterdir())}
+        failures = Path(folder)
+        codes = _run_workers(todo, jobs, runs_root, stop_at, workers, progress, known, failures) if todo else []
+        crashed = {f.name: f.read_text() for f in sorted(failures.iterdir())}
     print(f"[suite] {'workers stopped' if todo else 'no run to start'} after {time.monotonic() - started:.1f} s "
           f"of the {time_budget:g} s budget", flush=True)
 
