@@ -22,7 +22,7 @@
 #           budget cut short, from their last checkpoint (partial-runs.tar.NN, partial_runs.py). At most 8 files
 #           of 16 MiB come back by default: up to 6 presets per call
 #   here:   scripts/remote-gpu/remote.sh collect FOLDER [-- THE SAME SUITE FLAGS]
-#           puts each FOLDER/PRESET.finished-runs.json into results/PRESET/ (merged with what is there), the runs
+#           puts each FOLDER/PRESET.finished-runs.json into docs/results/PRESET/ (merged with what is there), the runs
 #           cut short into runs/bench (a suite here resumes them, on this machine's device) and writes the
 #           interim tables: hetfl bench PRESET --report-only --reuse-saved
 #
@@ -125,8 +125,8 @@ collect)
     for f in "$folder"/*.finished-runs.json; do
         [ -e "$f" ] || continue
         name=$(basename "$f" .finished-runs.json)
-        mkdir -p "results/$name"
-        python3 - "$f" "results/$name/finished-runs.json" <<'EOF'
+        mkdir -p "docs/results/$name"
+        python3 - "$f" "docs/results/$name/finished-runs.json" <<'EOF'
 import json, os, sys
 new, path = sys.argv[1], sys.argv[2]
 runs = json.load(open(path)) if os.path.exists(path) else {}
@@ -134,7 +134,7 @@ runs.update(json.load(open(new)))
 json.dump(runs, open(path, "w"), indent=1)
 print(f"{path}: {len(runs)} runs")
 EOF
-        .venv/bin/hetfl bench "$name" --out "results/$name" --report-only --reuse-saved "$@" || true
+        .venv/bin/hetfl bench "$name" --out "docs/results/$name" --report-only --reuse-saved "$@" || true
     done
     ;;
 *)
