@@ -84,7 +84,7 @@ def saved_activation_bytes(module: nn.Module, x: torch.Tensor, y: torch.Tensor) 
 
 LATENCY_TURNS = 5  # turns each module is timed in, round-robin with the other modules
 # A claim's latencies (``bench/runner._model_costs``): more and longer turns. On a 2-core VM, ScaleFL's global/level-2
-# ratio read 1.55-1.81x over seven idle calls at (0.3 s, 5 turns), 1.52-1.65x over thirteen at (1.5 s, 30 turns).
+# ratio read 1.55-1.81x over seven idle calls at (0.3 s, 5 turns), 1.52-1.66x over fourteen at (1.5 s, 30 turns).
 CLAIM_LATENCY = {"seconds": 1.5, "turns": 30}
 
 

@@ -57,7 +57,7 @@ class OthersBusy:
     cannot be read (not Linux). Measured around a latency measurement, it says whether other work shared the cores
     the timer needed: on a 2-core CPU beside two one-thread training processes (others: 1.2 cores), the latencies of
     ScaleFL's global and level-2 models (``scalefl-inference``) doubled and their ratio read 1.15-1.76x, against
-    1.52-1.65x on the idle machine (others: at most 0.02 cores; ``costs.CLAIM_LATENCY``)."""
+    1.52-1.66x on the idle machine (others: at most 0.02 cores; ``costs.CLAIM_LATENCY``)."""
 
     cores: float | None = None
 
