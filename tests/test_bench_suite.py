@@ -270,6 +270,12 @@ def test_reuse_saved_trains_only_the_runs_a_committed_table_lacks(tmp_path, caps
     assert summaries["large"] == [saved] and summaries["small"][0]["rounds"] == 1
     assert "runs finished in this call: 1;" in capsys.readouterr().out
     assert not (out / "rows" / FINISHED).exists()  # summaries.json holds them all
+    # the complete table named again, for one seed: left as it is (its regenerate line names no --seeds)
+    table = (out / "rows" / "table.md").read_text()
+    assert main(["bench", "suite", str(preset), "--time-budget", "60", "--out", str(out), "--runs-dir", str(fresh),
+                 "--reuse-saved", "--seeds", "0", "--quiet"]) == 0
+    assert "its table already holds them" in capsys.readouterr().out
+    assert (out / "rows" / "table.md").read_text() == table
     # a call with no time to train the row added records nothing the table already holds
     preset.write_text(preset.read_text() + '[[runs]]\nlabel = "exclusive"\nmethod = "exclusivefl"\n')
     assert main(["bench", "suite", str(preset), "--time-budget", "1", "--out", str(out), "--runs-dir", str(fresh),

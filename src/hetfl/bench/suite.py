@@ -60,6 +60,8 @@ the call ends with exit code 1 and the failed runs' names.
 
 Then each preset whose runs are all finished gets its table, as ``hetfl bench PRESET`` writes it (every run
 taken from ``finished-runs.json``: nothing is trained after the budget); the others say how many runs they lack.
+A table whose ``summaries.json`` already holds every run asked for is left as it is: rewritten, it would only
+trade its regenerate line for this call's options (a committed table named beside a new preset, say).
 
 **On several GPUs.** With ``--device cuda`` worker i (from 0) trains on ``cuda:{i mod the GPUs visible}``
 (``worker_device``), so the workers share every GPU of the machine; ``--device cuda:N`` keeps them all on N.
@@ -92,8 +94,8 @@ from ..config import Config
 from ..errors import HetflError
 from ..machine import device_split, device_type, threads_each
 from ..rundir import read_jsonl
-from .runner import (FINISHED, _named_configs, _record_finished, at_target, finished_run, load_preset,
-                     run_bench, run_lock, run_one, saved_runs)
+from .runner import (FINISHED, _named_configs, _record_finished, _saved_by_run_name, at_target, finished_run,
+                     load_preset, run_bench, run_lock, run_one, saved_runs)
 
 ESTIMATE_MARGIN = 1.2  # estimates come from other seeds, other loads, other thread counts
 OWN_PACE_ROUNDS = 5  # a run's own rounds estimate its pace from this many on (the module's docstring, rule 1)
@@ -600,6 +602,10 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
                      *([f"--rounds {rounds}"] if rounds else [])]
             print(f"[suite] {p.name}: {left} of {len(names)} runs left; interim table: "
                   f"hetfl bench {p.given} {' '.join(flags)} --report-only --reuse-saved", flush=True)
+            continue
+        if (p.out_dir / "table.md").exists() and set(names) <= _saved_by_run_name(p.out_dir / "summaries.json").keys():
+            # nothing to add: rewritten, its regenerate line would name this call's options (--seeds, say)
+            print(f"[suite] {p.name}: all {len(names)} runs finished; its table already holds them", flush=True)
             continue
         with contextlib.redirect_stdout(io.StringIO()):  # the table itself is in the file; say where
             run_bench(p.given, out=str(p.out_dir) if out else None, runs_dir=runs_dir, overrides=overrides,
