@@ -249,6 +249,9 @@ PRESETS = [
     ("label twice", "[[runs]]\nmethod = 'alllarge'\n[[runs]]\nmethod = 'alllarge'\n", "label"),
     ("latin-1", "# caf\xe9\n[[runs]]\nmethod = 'alllarge'\n".encode("latin-1"), "UTF-8"),
     ("claims is a string", "claims = 'x'\n[[runs]]\nmethod = 'alllarge'\n", "claims"),
+    ("extends itself", "extends = 'p.toml'\n[[runs]]\nmethod = 'alllarge'\n", "extends loops back"),
+    ("extends an unknown preset", "extends = 'nope'\n[[runs]]\nmethod = 'alllarge'\n", "'nope' is unknown"),
+    ("extends a number", "extends = 3\n[[runs]]\nmethod = 'alllarge'\n", "extends must name"),
 ]
 FILES += [Case(f"preset {label}", ["bench", "{tmp}/p.toml", "--out", "{tmp}/r", "--runs-dir", "{tmp}/runs"],
                toml_file(text, "p.toml"), says) for label, text, says in PRESETS]

@@ -126,6 +126,31 @@ method = "allsmall"
 """
 
 
+def test_a_preset_extending_another_takes_its_setup_with_its_own_base_keys_and_words(tmp_path):
+    """``extends``: the parent's runs, claims and seeds, its [base] with the child's keys replacing the parent's
+    one by one, and only the child's title, description and diagnosis; a loop of two files is refused."""
+    from hetfl.bench.runner import load_preset, preset_configs
+    from hetfl.errors import HetflError
+
+    claim = '[[claims]]\nclaim = "first beats second"\nbetter = "first"\nworse = "second"\n'
+    short = MINI.replace('title = "mini"', 'title = "mini"\ndiagnosis = "at 1 round, nothing plateaus"') + claim
+    (tmp_path / "short.toml").write_text(short)
+    (tmp_path / "long.toml").write_text('extends = "short.toml"\ntitle = "mini at 3 rounds"\n[base]\nrounds = 3\n')
+    _, parent = load_preset(str(tmp_path / "short.toml"))
+    _, child = load_preset(str(tmp_path / "long.toml"))
+    assert child == {"title": "mini at 3 rounds", "seeds": [0], "base": {**parent["base"], "rounds": 3},
+                     "runs": parent["runs"], "claims": parent["claims"]}
+    assert [(cfg.method, cfg.rounds, cfg.num_clients) for _, _, cfg in preset_configs(child, {}, None)] == [
+        ("alllarge", 3, 10), ("allsmall", 3, 10)]
+    _, shipped = load_preset("fedepth-table2")
+    _, longer = load_preset("fedepth-table2-150")
+    assert longer["base"] == {**shipped["base"], "rounds": 150} and longer["runs"] == shipped["runs"]
+    assert longer["diagnosis"] != shipped["diagnosis"]
+    (tmp_path / "short.toml").write_text('extends = "long.toml"\n' + short)
+    with pytest.raises(HetflError, match="loops back: .*long.toml -> .*short.toml -> .*long.toml"):
+        load_preset(str(tmp_path / "long.toml"))
+
+
 def test_bench_processes_share_runs_through_locks(tmp_path, capsys):
     """A run another process holds is put off until the others are done, then reused, not trained again."""
     import threading

@@ -56,7 +56,7 @@ from ..rundir import RunDirBusy, atomic_write_text
 from ..sim import Simulation
 
 PILOTS = "pilots"  # beside the presets' results folders: the pilots at long horizons (scripts/plateau.py)
-PRESET_KEYS = {"title", "description", "seeds", "base", "runs", "report", "claims", "diagnosis"}
+PRESET_KEYS = {"title", "description", "seeds", "base", "runs", "report", "claims", "diagnosis", "extends"}
 
 
 def preset_names() -> list[str]:
@@ -65,20 +65,8 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name_or_path: str) -> tuple[str, dict]:
-    """(name, parsed TOML) of a shipped preset or a preset file."""
-    path = Path(name_or_path)
-    if path.suffix == ".toml" and path.exists():
-        text, name = read_text_file(path, f"bench preset {path}"), path.stem
-    elif name_or_path in preset_names():
-        text, name = resources.files("hetfl.presets").joinpath(f"{name_or_path}.toml").read_text(), name_or_path
-    else:
-        special = ["speed", "throughput", "scaling", "memory", "checkpoint", "chaos", "flower", "suite", "jobs"]
-        raise HetflError(f"bench preset '{name_or_path}' is unknown; choose one of: "
-                         f"{', '.join(preset_names() + special)}, or give a .toml file")
-    try:
-        preset = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise HetflError(f"bench preset {name_or_path} is not valid TOML: {e}") from None
+    """(name, parsed TOML) of a shipped preset or a preset file, ``extends`` resolved (``_extended``)."""
+    name, preset = _parsed_preset(name_or_path, ())
     unknown = set(preset) - PRESET_KEYS
     if unknown:
         raise HetflError(f"bench preset {name_or_path}: unknown key(s) {', '.join(sorted(unknown))}; "
@@ -94,6 +82,63 @@ def load_preset(name_or_path: str) -> tuple[str, dict]:
         if problem:
             raise HetflError(f"bench preset {name_or_path}: claim '{claim.get('claim', '')}' {problem}")
     return name, preset
+
+
+def _parsed_preset(name_or_path: str, chain: tuple[str, ...]) -> tuple[str, dict]:
+    """(name, parsed TOML) of a preset, its ``extends`` resolved; ``chain``: the presets extending it, outermost
+    first, by ``_preset_key`` (a preset that extends itself, through others or not, is refused)."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" and path.exists():
+        text, name = read_text_file(path, f"bench preset {path}"), path.stem
+    elif name_or_path in preset_names():
+        text, name = resources.files("hetfl.presets").joinpath(f"{name_or_path}.toml").read_text(), name_or_path
+    else:
+        special = ["speed", "throughput", "scaling", "memory", "checkpoint", "chaos", "flower", "suite", "jobs"]
+        raise HetflError(f"bench preset '{name_or_path}' is unknown; choose one of: "
+                         f"{', '.join(preset_names() + special)}, or give a .toml file")
+    try:
+        preset = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise HetflError(f"bench preset {name_or_path} is not valid TOML: {e}") from None
+    parent = preset.pop("extends", None)
+    if parent is None:
+        return name, preset
+    if not isinstance(parent, str):
+        raise HetflError(f"bench preset {name_or_path}: extends must name a preset or a .toml file, not {parent!r}")
+    if path.suffix == ".toml" and parent.endswith(".toml"):
+        parent = str(path.parent / parent)  # a preset file's parent file: beside it
+    chain = (*chain, _preset_key(name_or_path))
+    if _preset_key(parent) in chain:
+        loop = " -> ".join((*chain, _preset_key(parent)))
+        raise HetflError(f"bench preset {name_or_path}: extends loops back: {loop}")
+    try:
+        _, inherited = _parsed_preset(parent, chain)
+    except HetflError as e:
+        raise HetflError(f"bench preset {name_or_path} extends {parent}: {e}") from None
+    return name, _extended(inherited, preset)
+
+
+def _preset_key(name_or_path: str) -> str:
+    """What names one preset however it is given: a preset file's resolved path, else the shipped preset's name."""
+    path = Path(name_or_path)
+    return str(path.resolve()) if path.suffix == ".toml" and path.exists() else name_or_path
+
+
+OWN_WORDS = ("title", "description", "diagnosis")  # what a preset says of its own table: never inherited
+MERGED_TABLES = ("base", "report")  # a preset extending another sets some of their keys
+
+
+def _extended(parent: dict, child: dict) -> dict:
+    """Preset ``child`` on top of ``parent`` (``extends``): the parent's runs, claims, seeds, ``base`` and
+    ``report``, with each key the child sets replacing the parent's (in ``base`` and ``report``, key by key), and
+    only the child's title, description and diagnosis: a longer horizon's table needs its own words, not a copy
+    of the shorter one's verdicts."""
+    merged = {key: value for key, value in parent.items() if key not in OWN_WORDS}
+    for key, value in child.items():
+        if key in MERGED_TABLES and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            value = {**merged[key], **value}
+        merged[key] = value
+    return merged
 
 
 # the type each key of a preset must have: text, a table, a list of tables, a list of seeds
