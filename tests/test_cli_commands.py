@@ -139,7 +139,7 @@ def test_a_preset_extending_another_takes_its_setup_with_its_own_base_keys_and_w
     _, parent = load_preset(str(tmp_path / "short.toml"))
     _, child = load_preset(str(tmp_path / "long.toml"))
     assert child == {"title": "mini at 3 rounds", "seeds": [0], "base": {**parent["base"], "rounds": 3},
-                     "runs": parent["runs"], "claims": parent["claims"]}
+                     "runs": parent["runs"], "claims": parent["claims"], "extends": str(tmp_path / "short.toml")}
     assert [(cfg.method, cfg.rounds, cfg.num_clients) for _, _, cfg in preset_configs(child, {}, None)] == [
         ("alllarge", 3, 10), ("allsmall", 3, 10)]
     _, shipped = load_preset("fedepth-table2")

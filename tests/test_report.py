@@ -440,6 +440,51 @@ def test_the_horizon_section_costs_each_row_at_its_pilot_plateau_round_from_this
         " at this table's pace (cpu, every seed;" in alone
 
 
+def test_the_horizon_gain_pairs_each_seed_with_the_same_seed_of_the_shorter_table():
+    from hetfl.report import horizon_section
+
+    def run(seed, accuracy, rounds):
+        return {**curved([(rounds // 3, 0.3), (2 * rounds // 3, 0.5), (rounds, accuracy)], rounds=rounds),
+                "seed": seed, "accuracy": accuracy}
+
+    shorter = ("short", {"A": [run(0, 0.70, 100), run(1, 0.74, 100), run(2, 0.90, 100)],
+                         "B": [run(0, 0.80, 100)], "gone": [run(0, 0.5, 100)]})
+    longer = {"A": [run(0, 0.73, 150), run(1, 0.75, 150)],  # seed 2 not run here: left out of both columns
+              "B": [run(0, 0.79, 150)], "new": [run(0, 0.6, 150)]}
+    section = horizon_section(longer, shorter=shorter, interim=True)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in section.splitlines() if line.startswith("| ") and not line.startswith("| row")}
+    # gains 3 and 1 points: mean 2, sample std sqrt(2)
+    assert rows["A"] == ["0, 1", "72.00 ± 2.83", "74.00 ± 1.41", "+2.00 ± 1.41"]
+    assert rows["B"] == ["0", "80.00 ± 0.00", "79.00 ± 0.00", "-1.00 ± 0.00"]
+    assert "new" not in rows and "gone" not in rows
+    assert "Against `short`, the same rows at 100 rounds" in section and "what 150 rounds added" in section
+    flat = {"B": [run(0, 0.79, 150)]}
+    flat["B"][0]["curve"] = [(50, 0.788), (100, 0.789), (150, 0.79)]
+    assert "every row has plateaued" in horizon_section(flat, shorter=shorter) and \
+        "| B   | 0     |" in horizon_section(flat, shorter=shorter)
+    assert horizon_section(flat) == horizon_section(flat, shorter=("short", {}))  # nothing to pair: no table
+
+
+def test_a_preset_that_extends_a_shorter_one_reads_its_table_beside_it(tmp_path):
+    from hetfl.bench.runner import load_preset, shorter_table
+
+    results = tmp_path / "results"
+    (results / "fedepth-table2").mkdir(parents=True)
+    summary = {"seed": 0, "accuracy": 0.7, "curve": [[50, 0.6], [100, 0.7]], "rounds": 100}
+    _, longer = load_preset("fedepth-table2-150")
+    label = longer["runs"][0]["label"]
+    (results / "fedepth-table2" / "summaries.json").write_text(json.dumps({label: [summary]}))
+    name, before = shorter_table(longer, results)
+    assert name == "fedepth-table2" and list(before) == [label] and before[label][0]["accuracy"] == 0.7
+    assert shorter_table(longer, tmp_path / "elsewhere") is None  # no table beside it
+    _, wider = load_preset("depthfl-width-150")  # another optimizer as well: not the same rows, only longer
+    (results / "depthfl-width").mkdir()
+    (results / "depthfl-width" / "summaries.json").write_text("{}")
+    assert shorter_table(wider, results) is None
+    assert shorter_table(load_preset("fedepth-table2")[1], results) is None  # extends nothing
+
+
 def test_a_bench_table_reads_the_pilots_beside_its_results_folder(tmp_path):
     from hetfl.bench.runner import pilots_of
 

@@ -182,7 +182,43 @@ def _pilot_row(pilots: list[dict], label: str) -> tuple[dict, dict] | None:
                    "pace": statistics.fmean(paces) if paces else None}
 
 
-def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = None, interim: bool = False) -> str:
+def _rounds_of(results: dict[str, list[dict]]) -> str:
+    """The horizon of a table's runs: '150', or '100-150' where they differ."""
+    horizons = sorted({s["rounds"] for runs in results.values() for s in runs if s.get("rounds")})
+    return f"{horizons[0]}" if len(horizons) == 1 else f"{horizons[0]}-{horizons[-1]}"
+
+
+def horizon_gains(results: dict[str, list[dict]], shorter: tuple[str, dict[str, list[dict]]] | None) -> str:
+    """What a longer horizon added to each row, seed by seed: ``shorter`` is (name, results by label) of the same
+    rows at fewer rounds (the preset this one ``extends``), and a row's horizon gain is its final accuracy here
+    minus there, over the seeds both ran. A step size that decays to zero at the last round (cosine) puts the
+    decay's gain into the last third of any horizon, so the last-third gain cannot fall under a point however
+    long the horizon; a horizon gain under a point says the row no longer rises with more rounds."""
+    if not shorter or not results:
+        return ""
+    name, before = shorter
+    rows = []
+    for label, runs in results.items():
+        then = {s["seed"]: s for s in before.get(label, []) if s.get("accuracy") is not None}
+        pairs = [(then[s["seed"]], s) for s in runs if s["seed"] in then and s.get("accuracy") is not None]
+        if pairs:
+            gain = mean_std([b["accuracy"] - a["accuracy"] for a, b in pairs])
+            rows.append([label, ", ".join(str(now["seed"]) for _, now in pairs),
+                         mean_std([a["accuracy"] for a, _ in pairs]), mean_std([b["accuracy"] for _, b in pairs]),
+                         gain if gain.startswith("-") else f"+{gain}"])
+    if not rows:
+        return ""
+    r0, r1 = _rounds_of(before), _rounds_of(results)
+    return (f"Against `{name}`, the same rows at {r0} rounds (the preset this one extends), seed by seed: what "
+            f"{r1} rounds added to each row's final accuracy. Where the step size decays to zero at the last round (a "
+            "cosine schedule), the last third of any horizon holds the decay's gain and the last-third gain measures "
+            "the schedule as well; a horizon gain under a point says a row no longer rises with more rounds.\n\n"
+            + format_table(["row", "seeds", f"accuracy at {r0} rounds (%)", f"accuracy at {r1} rounds (%)",
+                            "horizon gain (pp)"], rows, markdown=True))
+
+
+def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = None, interim: bool = False,
+                    shorter: tuple[str, dict[str, list[dict]]] | None = None) -> str:
     """Which rows have not plateaued, and where a pilot says they would, at what cost measured here.
 
     ``pilots``: the pilot records (``scripts/plateau.py --json``) of this preset: each a dict with ``file``,
@@ -190,20 +226,22 @@ def horizon_section(results: dict[str, list[dict]], pilots: list[dict] | None = 
     row at its pilot's plateau round is this table's own wall seconds per round (mean over seeds, on the
     device its runs computed on) times that round times the table's seeds; where the pilot did not plateau by
     its last round, the cost at that round is a lower bound ("> "). ``interim``: some runs are not finished, and
-    the section speaks of the rows run so far."""
+    the section speaks of the rows run so far. ``shorter``: see ``horizon_gains``."""
     gains = row_late_gains(results)
     if not gains:
         return ""
-    horizons = sorted({s["rounds"] for runs in results.values() for s in runs if s.get("rounds")})
-    at = f"{horizons[0]}" if len(horizons) == 1 else f"{horizons[0]}-{horizons[-1]}"
+    at = _rounds_of(results)
     gaining = {label: g for label, g in gains.items() if g >= PLATEAU_GAIN}
     so_far = " run so far" if interim else ""
+    against = horizon_gains(results, shorter)
     if not gaining:
-        return (f"## Horizon\n\nAt {at} rounds every row{so_far} has plateaued: its last-third gain, mean over seeds, "
-                f"is under {100 * PLATEAU_GAIN:g} point (largest: {100 * max(gains.values()):+.2f}).")
+        return "\n\n".join(p for p in (
+            f"## Horizon\n\nAt {at} rounds every row{so_far} has plateaued: its last-third gain, mean over seeds, "
+            f"is under {100 * PLATEAU_GAIN:g} point (largest: {100 * max(gains.values()):+.2f}).", against) if p)
     parts = [f"At {at} rounds {len(gaining)} of {len(gains)} rows{so_far} still gain {100 * PLATEAU_GAIN:g} point or "
              "more over their last third (mean over seeds), so the verdicts on them measure the horizon as well as the "
              "methods: " + ", ".join(f"{label} {100 * g:+.2f}" for label, g in gaining.items()) + "."]
+    parts += [against] if against else []
     rows, total, lower_bound, used, unpiloted = [], 0.0, False, {}, []
     for label, g in gaining.items():
         runs = results[label]
@@ -581,9 +619,9 @@ CLAIM_RULE = (
 
 def bench_report(preset: dict, results: dict[str, list[dict]], command: str, models: bool = False,
                  costs: dict | None = None, missing: list[tuple[str, int]] | None = None,
-                 pilots: list[dict] | None = None) -> str:
+                 pilots: list[dict] | None = None, shorter: tuple[str, dict[str, list[dict]]] | None = None) -> str:
     """The Markdown report of a bench: description, main table, models table, claims, diagnosis, horizon (with
-    ``pilots``, see ``horizon_section``), how to regenerate; ``missing``, the (label, seed)s not run yet, makes it
+    ``pilots`` and ``shorter``, see ``horizon_section``), how to regenerate; ``missing``, the (label, seed)s not run yet, makes it
     an interim table that says which."""
     seeds = sorted({s["seed"] for runs in results.values() for s in runs})
     parts = [f"# {preset.get('title', 'bench')}", preset.get("description", "").strip(),
@@ -599,7 +637,7 @@ def bench_report(preset: dict, results: dict[str, list[dict]], command: str, mod
                                                     rows, markdown=True), CLAIM_RULE]
     if preset.get("diagnosis"):
         parts += ["## Diagnosis of the claims that fail", preset["diagnosis"].strip()]
-    parts.append(horizon_section(results, pilots, interim=bool(missing)))
+    parts.append(horizon_section(results, pilots, interim=bool(missing), shorter=shorter))
     parts.append(f"Accuracy in % on the test set, mean ± std over seeds {seeds}; a cell marked (k/n) averages "
                  "the k of n seeds where the value is defined. \"accuracy\" is the method's own prediction (the "
                  "last exit, or the ensemble = mean of the exits' logits); \"best round\" is the round of the best "

@@ -65,7 +65,8 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name_or_path: str) -> tuple[str, dict]:
-    """(name, parsed TOML) of a shipped preset or a preset file, ``extends`` resolved (``_extended``)."""
+    """(name, parsed TOML) of a shipped preset or a preset file, ``extends`` resolved (``_extended``) and kept as
+    the preset it names (a file: its path, found beside the preset extending it)."""
     name, preset = _parsed_preset(name_or_path, ())
     unknown = set(preset) - PRESET_KEYS
     if unknown:
@@ -115,7 +116,7 @@ def _parsed_preset(name_or_path: str, chain: tuple[str, ...]) -> tuple[str, dict
         _, inherited = _parsed_preset(parent, chain)
     except HetflError as e:
         raise HetflError(f"bench preset {name_or_path} extends {parent}: {e}") from None
-    return name, _extended(inherited, preset)
+    return name, {**_extended(inherited, preset), "extends": parent}
 
 
 def _preset_key(name_or_path: str) -> str:
@@ -143,7 +144,7 @@ def _extended(parent: dict, child: dict) -> dict:
 
 # the type each key of a preset must have: text, a table, a list of tables, a list of seeds
 _PRESET_TYPES = {"title": str, "description": str, "diagnosis": str, "base": dict, "report": dict, "runs": list,
-                 "claims": list, "seeds": list}
+                 "claims": list, "seeds": list, "extends": str}
 
 
 def _check_structure(name: str, preset: dict) -> None:
@@ -338,7 +339,8 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     command = " ".join([f"hetfl bench {name_or_path}", *([f"--out {out}"] if out else []), *seeds_flag,
                         *(f"--{k} {v}" for k, v in (overrides or {}).items())])
     report = bench_report(preset, results, command, models=options.get("models", False) or costs is not None,
-                          costs=costs, missing=missing, pilots=pilots_of(name, out_dir.parent / PILOTS))
+                          costs=costs, missing=missing, pilots=pilots_of(name, out_dir.parent / PILOTS),
+                          shorter=shorter_table(preset, out_dir.parent))
     if options.get("levels"):  # each level's model (ScaleFL Figure 2): levels.png and its numbers
         from .levels import level_accuracies, levels_table
 
@@ -350,6 +352,26 @@ def run_bench(name_or_path: str, out: str | None = None, runs_dir: str | None = 
     atomic_write_text(out_dir / "table.md", report)
     print(report)
     return out_dir
+
+
+# what a preset extending another may change in [base] and still run the same rows, only longer
+HORIZON_KEYS = frozenset({"rounds", "eval_every", "checkpoint_every"})
+
+
+def shorter_table(preset: dict, folder: Path) -> tuple[str, dict[str, list[dict]]] | None:
+    """(name, saved results by label) of the preset that ``preset`` extends, when it runs the same rows at fewer
+    rounds (its [base] differs in ``HORIZON_KEYS`` only) and ``folder`` (the results folders' parent) holds its
+    table; else None. The horizon's own gain, ``report.horizon_gains``."""
+    if "extends" not in preset:
+        return None
+    name, shorter = load_preset(preset["extends"])
+    base, before = preset.get("base", {}), shorter.get("base", {})
+    changed = {key for key in {*base, *before} if base.get(key) != before.get(key)}
+    path = folder / name / "summaries.json"
+    if (not changed <= HORIZON_KEYS or before.get("rounds", 0) >= base.get("rounds", 0)
+            or preset["runs"] != shorter["runs"] or not path.exists()):
+        return None
+    return name, saved_results(path, _named_configs(shorter, {}, None, folder))
 
 
 def pilots_of(name: str, folder: Path) -> list[dict]:
