@@ -192,8 +192,8 @@ def horizon_gains(results: dict[str, list[dict]], shorter: tuple[str, dict[str, 
     """What a longer horizon added to each row, seed by seed: ``shorter`` is (name, results by label) of the same
     rows at fewer rounds (the preset this one ``extends``), and a row's horizon gain is its final accuracy here
     minus there, over the seeds both ran. A step size that decays to zero at the last round (cosine) puts the
-    decay's gain into the last third of any horizon, so the last-third gain cannot fall under a point however
-    long the horizon; a horizon gain under a point says the row no longer rises with more rounds."""
+    decay's gain into the last third of any horizon, so a last-third gain mixes what more rounds add with what
+    the schedule's last steps add; the horizon gain is the first alone (under a point: no longer rising)."""
     if not shorter or not results:
         return ""
     name, before = shorter
