@@ -525,9 +525,10 @@ def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: flo
                 if p.exitcode and p.exitcode > 0 and len(procs) - len(slots) < len(list(failed.iterdir())):
                     slots[i] = start(i + 1)
                     procs.append(slots[i])
-            if not (alive := [p.sentinel for p in slots if p.is_alive()]):
+            if not (alive := {p.sentinel: p for p in slots if p.exitcode is None}):
                 break
-            multiprocessing.connection.wait(alive, timeout=max(stop_at - time.monotonic(), 0))
+            for ended in multiprocessing.connection.wait(list(alive), timeout=max(stop_at - time.monotonic(), 0)):
+                alive[ended].join()  # its sentinel may be ready before its exit code is: read above, that is None
     finally:  # also on Ctrl-C: never leave a worker on the device
         for p in procs:
             if p.is_alive():
