@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	# torch first: `torch==2.13.0` is the CPU build on this machine; a later range keeps it.
 	$(PIP) install -q torch==2.13.0
-	$(PY) -c "import torch; print(torch.__version__)" > $(VENV)/.torch-version
+	# its version read from the installed metadata: importing torch before numpy is installed warns
+	$(PY) -c "from importlib.metadata import version; print(version('torch'))" > $(VENV)/.torch-version
 	# flower: Flower's deployment runtime for hetfl deploy and its tests (no Ray); privacy: DP's accountant
 	$(PIP) install -q -e '.[dev,flower,privacy]'
 	# no extra may replace that torch (a CUDA build would not even import here)
