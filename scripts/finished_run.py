@@ -8,14 +8,20 @@ from pathlib import Path
 import torch
 
 from hetfl.methods import load_config
-from hetfl.sim import Simulation
+from hetfl.sim import Simulation, device_named
 from hetfl.slicing import extract
 
 
 def load_finished(run_dir: Path) -> Simulation:
-    """The run's simulation (its data, partition and method, replayed from config.json) holding its final model."""
-    sim = Simulation(load_config(str(run_dir / "config.json"), {}))
-    sim.state.params.update(torch.load(run_dir / "final_model.pt"))
+    """The run's simulation (its data, partition and method, replayed from config.json) holding its final model.
+
+    On the run's device where this machine has it, else on the CPU: a run that began on a GPU is read here too (the
+    device computes a run's evaluations, it does not define them: ``hetfl.bench.runner.NAMED_ON_DEVICE``)."""
+    cfg = load_config(str(run_dir / "config.json"), {})
+    if device_named(cfg.device).type == "cuda" and not torch.cuda.is_available():
+        cfg = cfg.replace(device="cpu")
+    sim = Simulation(cfg)
+    sim.state.params.update(torch.load(run_dir / "final_model.pt", map_location=sim.device, weights_only=True))
     return sim
 
 
