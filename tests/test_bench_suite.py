@@ -226,9 +226,10 @@ def test_an_out_that_is_a_file_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,fragment", [
     (["demo", "extra"], "hetfl: error: unrecognized arguments: extra"),
-    (["demo", "--workers", "2"], "--workers, --time-budget, --plan and --order are options of hetfl bench suite"),
-    (["demo", "--time-budget", "60"], "--workers, --time-budget, --plan and --order are options of hetfl bench suite"),
-    (["demo", "--order", "given"], "--workers, --time-budget, --plan and --order are options of hetfl bench suite"),
+    (["demo", "--workers", "2"], "--workers, --time-budget, --plan, --order and --whole-runs are options"),
+    (["demo", "--time-budget", "60"], "--workers, --time-budget, --plan, --order and --whole-runs are options"),
+    (["demo", "--order", "given"], "--workers, --time-budget, --plan, --order and --whole-runs are options"),
+    (["demo", "--whole-runs"], "--workers, --time-budget, --plan, --order and --whole-runs are options"),
     ([], "hetfl: error: bench: the following arguments are required: preset"),
 ])
 def test_other_benches_take_one_preset_and_no_suite_options(tmp_path, capsys, args, fragment):
@@ -407,6 +408,38 @@ def test_the_plan_follows_the_workers_rules(tmp_path):
     assert outcomes(500) == [("r1", 0, 205), ("r2", 0, 205), ("r3", 205, 410)]  # 5 s: a run's start
     assert outcomes(400) == [("r1", 0, 205), ("r2", 0, 205), ("r3", 205, None)]  # cut short: reaches round 1
     assert outcomes(100) == [("r1", 0, None), ("r2", 0, None), ("r3", None, None)]  # no room for a third
+
+
+def test_whole_runs_start_only_what_finishes(tmp_path, capsys):
+    """``--whole-runs`` (a runs folder that goes with the job): the budget's end is left idle rather than spent on
+    the start of a run it would cut short, and a run without an estimate does not start, in the plan and in a
+    worker alike."""
+    from hetfl.bench.suite import Job, _train_if_it_fits, plan
+    from hetfl.methods import config_from
+
+    def job(seed, method="alllarge", label="A"):
+        return Job(config_from(dict(dataset="digits", rounds=20, seed=seed, out=str(tmp_path), name=f"r{seed}",
+                                    method=method)), labels=[("p", label)])
+
+    jobs = [job(seed) for seed in range(4)]
+    known = {"r0": {"wall_seconds": 200.0, "rounds": 20}}  # 10 s a round: 200 s a run
+
+    def outcomes(budget, jobs=jobs):
+        return [(p.job.cfg.name, p.start, p.end) for p in plan(jobs, known, tmp_path, budget, 2, whole=True)]
+
+    assert outcomes(500) == [("r1", 0, 205), ("r2", 0, 205), ("r3", 205, 410)]
+    assert outcomes(400) == [("r1", 0, 205), ("r2", 0, 205), ("r3", None, None)]  # not started: would be cut
+    assert outcomes(100) == [("r1", None, None), ("r2", None, None), ("r3", None, None)]
+    odd = job(9, method="depthfl", label="D")  # another method: no estimate
+    assert outcomes(10_000, [*jobs, odd])[-1] == ("r9", None, None)
+    deferred = []
+    for j, stop in ((jobs[1], time.monotonic() + 100), (odd, time.monotonic() + 10_000)):
+        _train_if_it_fits(j, jobs, tmp_path, stop, known, deferred, partial=False, progress=False, worker=1,
+                          whole=True)
+    assert deferred == [] and not (tmp_path / "r1").exists() and not (tmp_path / "r9").exists()
+    assert capsys.readouterr().out.splitlines() == [
+        "[suite 1] p A, seed 1: not started, 100 s left: too few for its estimated 200 s",
+        "[suite 1] p D, seed 9: not started, no estimate (--whole-runs starts only runs that finish)"]
 
 
 def test_shortest_first_finishes_the_most_runs_and_given_keeps_the_presets_order(tmp_path):

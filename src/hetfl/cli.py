@@ -336,7 +336,8 @@ def cmd_bench_suite(args, seeds: list[int] | None) -> int:
     result = run_suite(args.more_presets, time_budget=args.time_budget,
                        workers=1 if args.workers is None else args.workers, device=args.device, out=args.out,
                        runs_dir=args.runs_dir, rounds=args.rounds, seeds=seeds, progress=not args.quiet,
-                       reuse_saved=args.reuse_saved, plan_only=args.plan, order=args.order or "shortest")
+                       reuse_saved=args.reuse_saved, plan_only=args.plan, order=args.order or "shortest",
+                       whole_runs=args.whole_runs)
     return result["exit_code"]
 
 
@@ -349,8 +350,8 @@ def cmd_bench_jobs(args, seeds: list[int] | None) -> int:
 
     given = [flag for flag, on in (("--run", args.run is not None), ("--report-only", args.report_only),
                                    ("--workers", args.workers is not None), ("--plan", args.plan),
-                                   ("--time-budget", args.time_budget is not None), ("--order", args.order is not None))
-             if on]
+                                   ("--time-budget", args.time_budget is not None), ("--order", args.order is not None),
+                                   ("--whole-runs", args.whole_runs)) if on]
     if given:
         raise HetflError(f"bench jobs: {', '.join(given)} not taken; it takes --out, --runs-dir, --seeds, --rounds, "
                          "--device, --reuse-saved and --format")
@@ -409,8 +410,10 @@ def cmd_bench(args) -> int:
         return cmd_bench_jobs(args, seeds)
     if args.more_presets:  # the message argparse gave before `suite` took more than one preset
         raise HetflError(f"unrecognized arguments: {' '.join(args.more_presets)}")
-    if args.workers is not None or args.time_budget is not None or args.plan or args.order is not None:
-        raise HetflError("bench: --workers, --time-budget, --plan and --order are options of hetfl bench suite")
+    if args.workers is not None or args.time_budget is not None or args.plan or args.order is not None \
+            or args.whole_runs:
+        raise HetflError("bench: --workers, --time-budget, --plan, --order and --whole-runs are options of hetfl "
+                         "bench suite")
     if args.format is not None:
         raise HetflError("bench: --format is an option of hetfl bench jobs")
     if args.run is not None:
@@ -700,6 +703,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--order", help="suite: which runs the workers take first: 'shortest' (by estimate, the "
                        "unknown last: the most runs finished within the budget; default) or 'given' (the presets' "
                        "order, a table finished before the next)")
+    bench.add_argument("--whole-runs", action="store_true", help="suite: start only runs whose estimate fits whole "
+                       "in the budget, none without one (for a job whose runs folder does not outlive it: a run cut "
+                       "short there is lost)")
     bench.add_argument("--run", metavar="LABEL", help="train only the preset's run LABEL (one per --seeds seed) into "
                        "--runs-dir, under its lock (reused if finished, resumed if interrupted), and write no table: "
                        "the commands hetfl bench jobs prints")

@@ -45,7 +45,10 @@ waited behind every other run.
 
 A run that cannot finish in the time left still starts, after the runs that can, if it can reach its next
 checkpoint (after round 1, every ``checkpoint_every`` rounds, after the last): its work up to there is kept,
-so a run longer than any budget advances from call to call.
+so a run longer than any budget advances from call to call. That holds only where the next call finds the runs
+folder: a job whose runs folder goes with it (a new checkout, a spot instance's disk) loses a run cut short whole.
+``--whole-runs`` (``whole``) starts only the runs whose estimate fits whole, none without an estimate: the end of
+such a job's budget goes to shorter runs that finish rather than to the start of a long one.
 
 **How it stops.** Workers are sent SIGTERM ``stop_margin(budget)`` seconds before the budget ends and
 SIGKILL ``TERM_GRACE`` seconds later, so no worker holds the device when the budget ends. A worker whose suite
@@ -318,8 +321,11 @@ class Planned:
     end: float | None = None  # when it finishes; None: cut short at the stop (its checkpoints kept) or not started
 
 
-def may_start(p: Planned, runs_root: Path, left: float) -> bool:
-    """Whether ``p``'s run fits in ``left`` seconds whole, or up to its next checkpoint."""
+def may_start(p: Planned, runs_root: Path, left: float, whole: bool = False) -> bool:
+    """Whether ``p``'s run fits in ``left`` seconds whole, or (unless ``whole``) up to its next checkpoint; under
+    ``whole`` a run without an estimate does not start."""
+    if whole:
+        return p.need is not None and fits(p.need, left)
     return fits(p.need, left) or fits(to_checkpoint(p.job, p.need, runs_root), left)
 
 
@@ -337,15 +343,15 @@ def in_order(planned: list[Planned], order: str) -> list[Planned]:
 
 
 def plan(jobs: list[Job], known: dict[str, dict], runs_root: Path, budget: float, workers: int,
-         order: str = "shortest") -> list[Planned]:
+         order: str = "shortest", whole: bool = False) -> list[Planned]:
     """The runs left, in the suite's ``order``, with what ``workers`` workers would do in ``budget`` seconds if
     every estimate held: ``_work``'s rules (each worker takes the next free run that fits whole, puts aside one that
-    only reaches its next checkpoint and takes those after the others), with a run's estimate fixed at the start and
-    a run without one holding its worker to the stop."""
+    only reaches its next checkpoint, unless ``whole``, and takes those after the others), with a run's estimate
+    fixed at the start and a run without one holding its worker to the stop."""
     stop = budget - stop_margin(budget)
     left = in_order([Planned(j, *estimate_and_source(j, jobs, known)) for j in jobs if j.cfg.name not in known],
                     order)
-    todo = [p for p in left if may_start(p, runs_root, stop)]
+    todo = [p for p in left if may_start(p, runs_root, stop, whole)]
     taken: set[str] = set()
     free = [(0.0, w) for w in range(min(workers, len(todo)))]  # (when it is free, worker)
     queues = {w: [(False, p) for p in todo] for _, w in free}  # (put aside, run): its pass, then what it put aside
@@ -357,7 +363,7 @@ def plan(jobs: list[Job], known: dict[str, dict], runs_root: Path, budget: float
             if p.job.cfg.name in taken:
                 continue
             if not aside and not fits(p.need, stop - t):
-                if fits(to_checkpoint(p.job, p.need, runs_root), stop - t):
+                if not whole and fits(to_checkpoint(p.job, p.need, runs_root), stop - t):
                     queues[w].append((True, p))
                 continue
             if aside and not fits(to_checkpoint(p.job, p.need, runs_root), stop - t):
@@ -418,11 +424,11 @@ def worker_device(device: str, worker: int, gpus: int) -> str:
 
 
 def _work(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, threads: int, progress: bool,
-          worker: int, known: dict[str, dict], failed: Path) -> None:
+          worker: int, known: dict[str, dict], failed: Path, whole: bool = False) -> None:
     """A worker process: trains every run of ``todo`` it can claim whose estimate (from all the suite's ``jobs``
     and the runs ``known`` finished) fits before ``stop_at`` (time.monotonic, one clock for every process of the
-    machine), on its share of the GPUs (``worker_device``), but none that ``failed`` (a folder) records as
-    failed in this call."""
+    machine; whole, under ``whole``), on its share of the GPUs (``worker_device``), but none that ``failed`` (a
+    folder) records as failed in this call."""
     import torch
 
     # SIGTERM ends the worker as an exit would (locks released, its semaphores unregistered) at the next
@@ -439,7 +445,7 @@ def _work(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, thr
     for partial, runs in ((False, todo), (True, deferred)):
         for job in runs:
             _train_if_it_fits(job, jobs, runs_root, stop_at, known, deferred, partial, progress, worker, gpus,
-                              failed)
+                              failed, whole)
 
 
 def _stop_with_parent() -> None:
@@ -451,10 +457,11 @@ def _stop_with_parent() -> None:
 
 def _train_if_it_fits(job: Job, jobs: list[Job], runs_root: Path, stop_at: float, known: dict[str, dict],
                       deferred: list[Job], partial: bool, progress: bool, worker: int, gpus: int = 0,
-                      failed: Path | None = None) -> None:
+                      failed: Path | None = None, whole: bool = False) -> None:
     """Returns None; trains ``job``'s run if this worker (1, 2, ...) gets its lock and it fits before ``stop_at``:
     whole, or (``partial``) up to its next checkpoint, so that a run longer than any budget still advances; a run
-    that only fits that way the first time is put on ``deferred``. Plain ``cuda`` runs on the worker's share of the
+    that only fits that way the first time is put on ``deferred``, unless ``whole`` (then only a run with an
+    estimate that fits whole starts). Plain ``cuda`` runs on the worker's share of the
     ``gpus`` (``worker_device``). A run that raises an unforeseen error is recorded in ``failed`` (a file named
     after its folder, holding where it failed) and the error ends the worker; a run recorded there is skipped."""
     cfg, where = job.cfg, f"{job.labels[0][0]} {job.labels[0][1]}, seed {job.cfg.seed}"
@@ -467,8 +474,12 @@ def _train_if_it_fits(job: Job, jobs: list[Job], runs_root: Path, stop_at: float
             return  # it failed in this call: one attempt a call (the next call tries it again)
         need, left = estimate(job, jobs, known), stop_at - time.monotonic()
         step = to_checkpoint(job, need, runs_root)
+        if whole and need is None:
+            print(f"[suite {worker}] {where}: not started, no estimate (--whole-runs starts only runs that finish)",
+                  flush=True)
+            return
         if not fits(need, left):
-            if not partial and fits(step, left):
+            if not partial and not whole and fits(step, left):
                 deferred.append(job)
                 return
             if not (partial and fits(step, left)):
@@ -498,7 +509,7 @@ def _train_if_it_fits(job: Job, jobs: list[Job], runs_root: Path, stop_at: float
 
 
 def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: float, workers: int,
-                 progress: bool, known: dict[str, dict], failed: Path) -> list[int]:
+                 progress: bool, known: dict[str, dict], failed: Path, whole: bool = False) -> list[int]:
     """Start the worker processes on ``todo`` and stop them by ``stop_at`` (SIGTERM, then SIGKILL); a worker that
     a failed run ended (one more run recorded in ``failed``) is replaced by a new one of the same number; returns
     every worker's exit code."""
@@ -510,7 +521,8 @@ def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: flo
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or torch threads
 
     def start(worker: int) -> multiprocessing.Process:
-        p = ctx.Process(target=_work, args=(todo, jobs, runs_root, stop_at, threads, progress, worker, known, failed))
+        p = ctx.Process(target=_work, args=(todo, jobs, runs_root, stop_at, threads, progress, worker, known, failed,
+                                            whole))
         p.start()
         return p
 
@@ -546,13 +558,14 @@ def _run_workers(todo: list[Job], jobs: list[Job], runs_root: Path, stop_at: flo
 def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: str | None = None,
               out: str | None = None, runs_dir: str | None = None, rounds: int | None = None,
               seeds: list[int] | None = None, progress: bool = True, reuse_saved: bool = False,
-              plan_only: bool = False, order: str = "shortest") -> dict:
+              plan_only: bool = False, order: str = "shortest", whole_runs: bool = False) -> dict:
     """Train what fits of the presets' runs within ``time_budget`` seconds and write the finished presets' tables
     (``reuse_saved``: the runs their results folders already hold count as finished); returns counts: finished
     (this call), left, estimated_seconds_left, unestimated (runs left without an estimate), tables (the tables
     written) and exit_code (1 if a worker failed). ``plan_only``: train nothing, print ``plan`` (on any machine: a
     time-limited job's plan is made before the job) and return {"planned": its list, "exit_code": 0}. ``order``:
-    which runs the workers take first (``ORDERS``)."""
+    which runs the workers take first (``ORDERS``). ``whole_runs``: start only runs whose estimate fits whole (the
+    module's docstring)."""
     started = time.monotonic()
     import torch  # noqa: F401  (now, inside the budget's clock: the estimates read checkpoints with it)
 
@@ -575,7 +588,7 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
 
     known = _finished(jobs, runs_root, _saved(suite, jobs) if reuse_saved else {})
     if plan_only:
-        planned = plan(jobs, known, runs_root, time_budget, workers, order)
+        planned = plan(jobs, known, runs_root, time_budget, workers, order, whole_runs)
         print("\n".join(plan_lines(planned, time_budget, workers, device or "cpu")), flush=True)
         return {"planned": planned, "exit_code": 0}
     before = set(known)
@@ -584,10 +597,11 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     left = stop_at - time.monotonic()
     todo = [p.job for p in in_order([Planned(j, estimate(j, jobs, known), "") for j in jobs
                                      if j.cfg.name not in known], order)
-            if may_start(p, runs_root, left)]
+            if may_start(p, runs_root, left, whole_runs)]
     with tempfile.TemporaryDirectory(prefix="hetfl-suite-failed-") as folder:
         failures = Path(folder)
-        codes = _run_workers(todo, jobs, runs_root, stop_at, workers, progress, known, failures) if todo else []
+        codes = (_run_workers(todo, jobs, runs_root, stop_at, workers, progress, known, failures, whole_runs)
+                 if todo else [])
         crashed = {f.name: f.read_text() for f in sorted(failures.iterdir())}
     print(f"[suite] {'workers stopped' if todo else 'no run to start'} after {time.monotonic() - started:.1f} s "
           f"of the {time_budget:g} s budget", flush=True)
