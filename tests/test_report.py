@@ -283,8 +283,9 @@ worse = "Never"
     table = (out / "table.md").read_text()
     assert ("**Interim table: 4 of 9 runs finished.** Not run yet: Big (seed 2); Small (seed 2); "
             "Never (seeds 0, 1, 2).") in table
-    assert "| Small beats Big | did not hold " in table  # a significant failure decides already
-    assert "| Big beats Small | undecided (seeds not all run yet) " in table  # seed 2 may yet count
+    # seed 2 may yet count, whichever way the first two seeds point, significantly or not
+    assert "| Small beats Big | undecided (seeds not all run yet) " in table
+    assert "| Big beats Small | undecided (seeds not all run yet) " in table
     assert "| Big beats Never | undecided (not run) " in table
     assert "Regenerate: `hetfl bench" in table and "--reuse-saved`" in table
     assert (out / "curves.png").exists()
