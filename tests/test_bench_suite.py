@@ -206,7 +206,7 @@ def test_a_worker_stops_when_its_suite_process_is_killed(tmp_path):
     (["--time-budget", "60", "--device", "tpu", "demo"], "device 'tpu' is not a torch device"),
     (["--time-budget", "60", "--report-only", "demo"], "--report-only is an option of hetfl bench PRESET"),
     (["--time-budget", "60", "--colour", "red", "demo"], "unrecognized arguments: --colour"),
-    (["--time-budget", "60", "--order", "longest", "demo"], "--order must be one of shortest, given, not 'longest'"),
+    (["--time-budget", "60", "--order", "longest", "demo"], "--order must be one of shortest, given, claims, not 'longest'"),
 ])
 def test_bad_suite_input(tmp_path, capsys, args, fragment):
     out, runs = tmp_path / "out", tmp_path / "runs"
@@ -465,6 +465,61 @@ def test_shortest_first_finishes_the_most_runs_and_given_keeps_the_presets_order
                                     ("long1", None, None), ("odd1", 315, None)]
     assert outcomes("given") == [("long1", None, None), ("odd1", 0, None), ("short1", None, None),
                                  ("short2", None, None), ("short3", None, None)]
+
+
+def test_claims_order_runs_the_claim_cheapest_to_decide_first(tmp_path):
+    """``--order claims`` on four rows: "large beats small" needs small's two 100 s seeds (200 s), "large beats
+    slow" slow's 400 s seed; small's runs go first, then slow's, then the quick row no claim compares, though
+    shortest first would start with it; a claim with a run of unknown cost waits behind the others; a cost claim
+    compares no runs."""
+    from hetfl.bench.suite import Job, Planned, claim_runs, claims_first, in_order, load_suite
+
+    preset = tmp_path / "rows.toml"
+    preset.write_text(TWO_ROWS.replace("seeds = [0]", "seeds = [0, 1]") + """
+[[runs]]
+label = "small"
+method = "allsmall"
+[[runs]]
+label = "slow"
+method = "exclusivefl"
+[[runs]]
+label = "quick"
+method = "depthfl"
+[[claims]]
+claim = "large beats slow"
+better = "large"
+worse = "slow"
+[[claims]]
+claim = "large beats small"
+better = "large"
+worse = "small"
+[[claims]]
+claim = "large is smaller"
+better = "large"
+cost_ratio = ["global", "level2"]
+cost = "params"
+at_least = 1.0
+""")
+    (suite,) = load_suite([str(preset)], str(tmp_path / "out"), tmp_path / "runs", {}, None)
+    names = {(label, seed): cfg.name for label, seed, cfg in suite.configs}
+    assert claim_runs([suite]) == [frozenset({names["large", 0], names["large", 1], names["slow", 0],
+                                              names["slow", 1]}),
+                                   frozenset({names["large", 0], names["large", 1], names["small", 0],
+                                              names["small", 1]})]
+    jobs = {cfg.name: Job(cfg) for _, _, cfg in suite.configs}
+    need = {"small": 100.0, "slow": 400.0, "quick": 50.0}
+    left = [Planned(jobs[names[label, seed]], seconds, "") for label, seconds in need.items() for seed in (0, 1)
+            if (label, seed) != ("slow", 1)]  # large and slow's seed 1 have finished
+    order = [(label, seed) for p in in_order(left, "claims", claim_runs([suite]))
+             for (label, seed), name in names.items() if name == p.job.cfg.name]
+    assert order == [("small", 0), ("small", 1), ("slow", 0), ("quick", 0), ("quick", 1)]
+    shortest = in_order(left, "shortest")
+    assert shortest[0].job.cfg.name == names["quick", 0]
+    cheap = [Planned(p.job, 10.0 if p.need == 400.0 else p.need, "") for p in shortest]  # slow0: now 10 s
+    assert [p.need for p in in_order(cheap, "claims", claim_runs([suite]))] == [10.0, 100.0, 100.0, 50.0, 50.0]
+    unknown = Planned(jobs[names["slow", 1]], None, "")  # a run without an estimate: its claim waits
+    assert [p.need for p in claims_first([*cheap, unknown], claim_runs([suite]))] == [
+        100.0, 100.0, 10.0, None, 50.0, 50.0]
 
 
 def test_a_plan_at_another_horizon_takes_the_pace_of_the_table_as_it_is(tmp_path, capsys):

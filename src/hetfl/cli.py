@@ -701,8 +701,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "finish or be cut short within --time-budget if every estimate held (a time-limited job's plan, made "
                        "on any machine before it)")
     bench.add_argument("--order", help="suite: which runs the workers take first: 'shortest' (by estimate, the "
-                       "unknown last: the most runs finished within the budget; default) or 'given' (the presets' "
-                       "order, a table finished before the next)")
+                       "unknown last: the most runs finished within the budget; default), 'given' (the presets' "
+                       "order, a table finished before the next) or 'claims' (the runs of the claim cheapest to "
+                       "decide first, then the next: the most claims decided soonest)")
     bench.add_argument("--whole-runs", action="store_true", help="suite: start only runs whose estimate fits whole "
                        "in the budget, none without one (for a job whose runs folder does not outlive it: a run cut "
                        "short there is lost)")

@@ -438,6 +438,13 @@ def _comparisons(claim: dict) -> list[tuple[list[tuple[tuple[str, str], float]],
             for b in as_list(claim["better"]) for w, m in zip(worse, others)]
 
 
+def claim_labels(claim: dict) -> set[str]:
+    """The rows whose runs the claim compares (none for a ``cost_ratio`` claim, which compares models)."""
+    if "cost_ratio" in claim:
+        return set()
+    return {label for terms, _ in _comparisons(claim) for (label, _), _ in terms}
+
+
 def _merged(terms: list, values: dict) -> list[tuple[float, list[float]]]:
     """(coefficient, values) per distinct sample: a sample named twice gets the sum (its mean cancels out)."""
     coefficients: dict = {}

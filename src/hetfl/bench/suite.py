@@ -33,7 +33,10 @@ time left before the stop (``estimate``: the seconds it still needs):
 **In which order** (``--order``). ``shortest`` (the default): the runs by their estimates, shortest first, those
 without one last, ties in the presets' order. With a common stop and workers of one speed, shortest first
 finishes the most runs the budget holds (a longer run in its place can only finish later). ``given``: the
-presets' order, run by run, when a table must be finished before the next one starts.
+presets' order, run by run, when a table must be finished before the next one starts. ``claims``: the runs of
+the claim that needs the fewest estimated seconds to be decided first, then of the next (``claims_first``): the
+most claims decided soonest, where shortest first finishes the most runs (a claim waits for every seed of each
+row it compares, its slowest included).
 
 ``--plan`` trains nothing: it prints, for every run left, its estimate, which rule gave it, and what the
 workers would do with it within the budget if every estimate held (``plan``), on any machine: a time-limited job's
@@ -96,6 +99,7 @@ from statistics import mean, median
 from ..config import Config
 from ..errors import HetflError
 from ..machine import device_split, device_type, threads_each
+from ..report import claim_labels
 from ..rundir import read_jsonl
 from .runner import (FINISHED, _named_configs, _record_finished, _saved_by_run_name, at_target, finished_run,
                      load_preset, run_bench, run_lock, run_one, saved_runs)
@@ -131,6 +135,7 @@ class PresetRuns:
     # the runs its results folder holds at the preset's own horizon, by label: with ``--rounds``, the pace of the
     # table as it is (rule 2 of the module's docstring)
     saved: dict[str, dict[str, dict]] = field(default_factory=dict)  # label -> run folder name -> summary
+    claims: list[dict] = field(default_factory=list)  # its claims
 
 
 @dataclass
@@ -161,7 +166,7 @@ def load_suite(presets: list[str], out: str | None, runs_root: Path, overrides: 
         if any(p.out_dir == out_dir for p in suite):
             raise HetflError(f"{command}: preset '{name}' is named twice (its results go to {out_dir}); name it once")
         suite.append(PresetRuns(name, given, out_dir, _named_configs(preset, overrides, seeds, runs_root),
-                                _saved_by_label(preset, overrides, out_dir, runs_root)))
+                                _saved_by_label(preset, overrides, out_dir, runs_root), preset.get("claims", [])))
     return suite
 
 
@@ -193,6 +198,12 @@ def suite_jobs(suite: list[PresetRuns]) -> list[Job]:
             job = jobs[cfg.name]
             job.saved_elsewhere.update((name, s) for name, s in p.saved.get(label, {}).items() if name not in jobs)
     return list(jobs.values())
+
+
+def claim_runs(suite: list[PresetRuns]) -> list[frozenset[str]]:
+    """The runs (by run folder name) each claim of the suite's presets compares: every seed of every row it names."""
+    return [frozenset(cfg.name for label, _, cfg in p.configs if label in labels)
+            for p in suite for labels in map(claim_labels, p.claims) if labels]
 
 
 def checkpoint_of(run_dir: Path) -> tuple[int, list[dict]]:
@@ -329,28 +340,48 @@ def may_start(p: Planned, runs_root: Path, left: float, whole: bool = False) -> 
     return fits(p.need, left) or fits(to_checkpoint(p.job, p.need, runs_root), left)
 
 
-ORDERS = ("shortest", "given")  # --order: the module's docstring, "In which order"
+ORDERS = ("shortest", "given", "claims")  # --order: the module's docstring, "In which order"
 
 
-def in_order(planned: list[Planned], order: str) -> list[Planned]:
+def in_order(planned: list[Planned], order: str, claims: list[frozenset[str]] = ()) -> list[Planned]:
     """``planned`` in the suite's ``order``: ``shortest``, by estimate with the unknown last (a stable sort: ties
-    keep the presets' order), or ``given``, as they are."""
+    keep the presets' order), ``given``, as they are, or ``claims`` (``claims_first`` of ``claims``, the runs each
+    claim compares)."""
     if order not in ORDERS:
         raise HetflError(f"bench suite: --order must be one of {', '.join(ORDERS)}, not '{order}'")
     if order == "given":
         return list(planned)
-    return sorted(planned, key=lambda p: (p.need is None, p.need or 0.0))
+    shortest = sorted(planned, key=lambda p: (p.need is None, p.need or 0.0))
+    return claims_first(shortest, claims) if order == "claims" else shortest
+
+
+def claims_first(shortest: list[Planned], claims: list[frozenset[str]]) -> list[Planned]:
+    """The runs left (``shortest``: shortest first) so that claims are decided soonest: the runs of the claim whose
+    runs left need the fewest estimated seconds (one without an estimate: after every claim with them all; ties:
+    the presets' claim order), shortest first; then those of the cheapest claim given the runs already placed, and
+    so on; last the runs no claim compares, shortest first. A claim decides only when every seed of every row it
+    compares has run (``report.check_claim``), so its cost is the sum of them all, and runs two claims share count
+    once: greedy, as choosing the order that decides the most claims by a deadline is a knapsack."""
+    need = {p.job.cfg.name: p.need for p in shortest}
+    placed: set[str] = set()
+    ordered: list[Planned] = []
+    while pending := [runs for claim in claims if (runs := (claim & need.keys()) - placed)]:
+        cheapest = min(pending, key=lambda runs: (any(need[r] is None for r in runs), sum(need[r] or 0.0
+                                                                                          for r in runs)))
+        ordered += [p for p in shortest if p.job.cfg.name in cheapest]
+        placed |= cheapest
+    return ordered + [p for p in shortest if p.job.cfg.name not in placed]
 
 
 def plan(jobs: list[Job], known: dict[str, dict], runs_root: Path, budget: float, workers: int,
-         order: str = "shortest", whole: bool = False) -> list[Planned]:
-    """The runs left, in the suite's ``order``, with what ``workers`` workers would do in ``budget`` seconds if
-    every estimate held: ``_work``'s rules (each worker takes the next free run that fits whole, puts aside one that
-    only reaches its next checkpoint, unless ``whole``, and takes those after the others), with a run's estimate
-    fixed at the start and a run without one holding its worker to the stop."""
+         order: str = "shortest", whole: bool = False, claims: list[frozenset[str]] = ()) -> list[Planned]:
+    """The runs left, in the suite's ``order`` (``claims``: ``in_order``'s), with what ``workers`` workers would do
+    in ``budget`` seconds if every estimate held: ``_work``'s rules (each worker takes the next free run that fits
+    whole, puts aside one that only reaches its next checkpoint, unless ``whole``, and takes those after the
+    others), with a run's estimate fixed at the start and a run without one holding its worker to the stop."""
     stop = budget - stop_margin(budget)
     left = in_order([Planned(j, *estimate_and_source(j, jobs, known)) for j in jobs if j.cfg.name not in known],
-                    order)
+                    order, claims)
     todo = [p for p in left if may_start(p, runs_root, stop, whole)]
     taken: set[str] = set()
     free = [(0.0, w) for w in range(min(workers, len(todo)))]  # (when it is free, worker)
@@ -588,7 +619,7 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
 
     known = _finished(jobs, runs_root, _saved(suite, jobs) if reuse_saved else {})
     if plan_only:
-        planned = plan(jobs, known, runs_root, time_budget, workers, order, whole_runs)
+        planned = plan(jobs, known, runs_root, time_budget, workers, order, whole_runs, claim_runs(suite))
         print("\n".join(plan_lines(planned, time_budget, workers, device or "cpu")), flush=True)
         return {"planned": planned, "exit_code": 0}
     before = set(known)
@@ -596,7 +627,7 @@ def run_suite(presets: list[str], time_budget: float, workers: int = 1, device: 
     # only runs that may fit now, in the suite's order: a suite with nothing to do starts no process
     left = stop_at - time.monotonic()
     todo = [p.job for p in in_order([Planned(j, estimate(j, jobs, known), "") for j in jobs
-                                     if j.cfg.name not in known], order)
+                                     if j.cfg.name not in known], order, claim_runs(suite))
             if may_start(p, runs_root, left, whole_runs)]
     with tempfile.TemporaryDirectory(prefix="hetfl-suite-failed-") as folder:
         failures = Path(folder)
