@@ -206,7 +206,8 @@ def test_a_worker_stops_when_its_suite_process_is_killed(tmp_path):
     (["--time-budget", "60", "--device", "tpu", "demo"], "device 'tpu' is not a torch device"),
     (["--time-budget", "60", "--report-only", "demo"], "--report-only is an option of hetfl bench PRESET"),
     (["--time-budget", "60", "--colour", "red", "demo"], "unrecognized arguments: --colour"),
-    (["--time-budget", "60", "--order", "longest", "demo"], "--order must be one of shortest, given, claims, not 'longest'"),
+    (["--time-budget", "60", "--order", "longest", "demo"],
+     "--order must be one of shortest, given, claims, not 'longest'"),
 ])
 def test_bad_suite_input(tmp_path, capsys, args, fragment):
     out, runs = tmp_path / "out", tmp_path / "runs"
