@@ -291,7 +291,10 @@ def test_bench_flower_times_the_floor_and_hetfl_round_by_round_and_says_where_a_
     floor, warm = figures["cpu_per_message_s"]["floor"], figures["cpu_per_message_s"]["warm"]
     assert min(floor.values()) >= 0 and min(warm.values()) >= 0  # no process's seconds lost as it exits
     assert floor["ClientApps"] > warm["ClientApps"]  # the floor's do the work: each round's own, not the one before's
-    assert floor["ClientApps"] >= 0.9 * figures["floor_train_cpu_seconds"] and floor["hetfl workers"] == 0
+    assert floor["ClientApps"] >= 0.9 * figures["floor_train_cpu_seconds"]
+    # idle in the floor's rounds, the warm workers may still be charged a clock tick (0.01 s): each checks its owner
+    # every second, and the sampler's readings reach up to 0.25 s past each end of a round, into hetfl's
+    assert floor["hetfl workers"] <= 0.05 * figures["floor_train_cpu_seconds"]
     assert warm["hetfl workers"] >= 0.5 * figures["floor_train_cpu_seconds"]  # the training left the ClientApp
     out = capsys.readouterr().out
     assert "; the largest: " in out and "hetfl's overhead per message with warm workers" in out
