@@ -55,7 +55,7 @@ def test_only_complete_tables_count_as_plateaued_and_interim_ones_show_the_runs_
     def row(preset, gaining, missing):
         return {"preset": preset, "title": preset, "runs": 6, "missing": missing, "seeds": [0, 1, 2],
                 "rounds": [150], "hours": {"cpu": 1.0}, "gaining": gaining, "rows": 2,
-                "claims": Counter({"held": 1}), "diagnosis": False}
+                "claims": Counter({"held": 1}), "diagnosis": False, "recipes": {}}
 
     rows = [row("done", 0, 0), row("half", 0, 6), row("short", 1, 0)]
     totals = results_index.totals_block(rows)
@@ -64,6 +64,25 @@ def test_only_complete_tables_count_as_plateaued_and_interim_ones_show_the_runs_
     index = results_index.index_block(rows).splitlines()
     assert [line.split(" | ")[1:4] for line in index[2:]] == [["6", "3 (0-2)", "150"], ["6 of 12", "3 (0-2)", "150"],
                                                               ["6", "3 (0-2)", "150"]]
+
+
+def test_a_complete_longer_table_of_the_same_runs_supersedes_a_table_and_its_claims_leave_the_totals():
+    from collections import Counter
+
+    def row(preset, rounds, recipes, missing=0, held=1):
+        return {"preset": preset, "title": preset, "runs": len(recipes), "missing": missing, "seeds": [0],
+                "rounds": [rounds], "hours": {}, "gaining": 0, "rows": 1, "claims": Counter({"held": held}),
+                "diagnosis": False, "recipes": recipes}
+
+    a, b = {("A", 0): {"lr": 0.1}}, {("A", 0): {"lr": 0.1}, ("B", 0): {"lr": 0.1}}
+    rows = [row("short", 30, a), row("long", 150, b, held=2), row("longest-but-interim", 300, b, missing=1),
+            row("other-lr", 600, {("A", 0): {"lr": 0.2}}), row("mid", 100, a)]
+    # the longest complete one that holds every run, recipe for recipe; an interim or retuned table supersedes nothing
+    assert results_index.superseded_by(rows) == {"short": "long", "mid": "long"}
+    totals = results_index.totals_block(rows)
+    assert totals.startswith("4 claims checked in 3 tables (2 more, superseded by the same runs at a longer "
+                             "horizon, left out: `mid`, `short`): 4 held")
+    assert "(superseded by [long](long/table.md)" in results_index.index_block(rows).splitlines()[2]
 
 
 def test_the_readme_is_a_product_page_with_the_set_up_first():
