@@ -100,7 +100,7 @@ def superseded_by(rows: list[dict]) -> dict[str, str]:
     for short in rows:
         if not short["recipes"] or not short["rounds"]:
             continue
-        longer = [e for e in rows if e["runs"] and not e["missing"] and min(e["rounds"]) > max(short["rounds"])
+        longer = [e for e in rows if e["rounds"] and not e["missing"] and min(e["rounds"]) > max(short["rounds"])
                   and all(e["recipes"].get(run) == recipe for run, recipe in short["recipes"].items())]
         if longer:
             found[short["preset"]] = max(longer, key=lambda e: (max(e["rounds"]), e["preset"]))["preset"]
