@@ -318,6 +318,19 @@ def test_late_gain_is_what_the_last_third_of_the_rounds_added():
     assert metric_value({"curve": curve, "rounds": 30}, "late_gain") == pytest.approx(0.035)
 
 
+def test_a_claim_about_round_30_is_checked_at_round_30_in_a_longer_run():
+    from hetfl.report import accuracy_at, check_claim, metric_value
+
+    curve = [(10, 0.70), (20, 0.80), (30, 0.83), (40, 0.86), (150, 0.91)]
+    assert accuracy_at(curve, 30) == 0.83 and accuracy_at(curve, 35) == 0.83 and accuracy_at(curve, 5) is None
+    assert metric_value({"curve": curve, "accuracy": 0.91}, "accuracy@30") == 0.83
+    runs = [{"seed": s, "accuracy": 0.91, "curve": [(t, a + s / 1000) for t, a in curve]} for s in range(3)]
+    claim = {"claim": "reaches 85% within 30 rounds", "better": "A", "at_least": 0.85}
+    assert check_claim({**claim, "metric": "accuracy@30"}, {"A": runs})[1].startswith("did not hold")
+    assert check_claim(claim, {"A": runs})[1].startswith("held")  # the final accuracy would have passed it
+    assert check_claim({**claim, "metric": "accuracy@30"}, {"A": runs})[2].startswith("at round 30: A 83.10")
+
+
 def test_cost_claims_and_accuracy_drop():
     from hetfl.report import check_cost_claim, metric_value
 

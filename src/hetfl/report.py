@@ -108,12 +108,16 @@ def metric_value(summary: dict, metric: str) -> float | None:
     largest measured step memory / budget of any client and round), ``within_budget`` (the share of client-rounds
     whose steps all stayed within budget): summary fields; ``late_gain``: the headline accuracy's gain over the
     last third of the rounds (``late_gain``); ``MODEL/drop``: the global model's headline accuracy minus MODEL's;
-    ``exits_mean_by_depth``: the mean over exit depths, each from the global model or the sub-model ending in it.
+    ``exits_mean_by_depth``: the mean over exit depths, each from the global model or the sub-model ending in it;
+    ``accuracy@N``: the headline accuracy at round N (``accuracy_at``).
     """
     if metric == "accuracy":
         return summary["accuracy"]
     if metric == "late_gain":
         return late_gain(summary.get("curve") or [], summary.get("rounds", 0))
+    name, _, at_round = metric.partition("@")
+    if name == "accuracy" and at_round.isdigit():
+        return accuracy_at(summary.get("curve") or [], int(at_round))
     if metric == "local":
         return summary.get("local_accuracy")
     if metric == "exits_mean_by_depth":
@@ -129,6 +133,13 @@ def metric_value(summary: dict, metric: str) -> float | None:
 
 
 PLATEAU_GAIN = 0.01  # a run has plateaued when its last third of rounds gained less than this accuracy
+
+
+def accuracy_at(curve: list, round_: int) -> float | None:
+    """The accuracy at the last evaluation within the first ``round_`` rounds (None without one): a claim about a
+    round count ("85% within 30 rounds") checked on a run of any length, as a run of that length measures it."""
+    within = [a for t, a in curve if t <= round_]
+    return within[-1] if within else None
 
 
 def late_gain(curve: list, rounds: int) -> float | None:
@@ -583,6 +594,8 @@ def _measured(claim: dict, results: dict[str, list[dict]], samples: list, outcom
     if metric == "rounds_to_target":
         targets = sorted({s.get("target_accuracy") or 0 for label, _ in samples for s in results.get(label, [])})
         prefix = f"rounds to {'/'.join(f'{100 * t:g}%' for t in targets) or 'the target'}: "
+    elif metric.startswith("accuracy@"):
+        prefix = f"at round {metric[len('accuracy@'):]}: "
     if "at_least" in claim:
         return f"{prefix}{cell(claim['better'], metric)} against {scale * claim['at_least']:g}{notes[0]}"
     if "gain" in claim and outcomes and outcomes[0] is not None:
