@@ -115,9 +115,8 @@ def metric_value(summary: dict, metric: str) -> float | None:
         return summary["accuracy"]
     if metric == "late_gain":
         return late_gain(summary.get("curve") or [], summary.get("rounds", 0))
-    name, _, at_round = metric.partition("@")
-    if name == "accuracy" and at_round.isdigit():
-        return accuracy_at(summary.get("curve") or [], int(at_round))
+    if (at := round_of(metric)) is not None:
+        return accuracy_at(summary.get("curve") or [], at)
     if metric == "local":
         return summary.get("local_accuracy")
     if metric == "exits_mean_by_depth":
@@ -133,6 +132,12 @@ def metric_value(summary: dict, metric: str) -> float | None:
 
 
 PLATEAU_GAIN = 0.01  # a run has plateaued when its last third of rounds gained less than this accuracy
+
+
+def round_of(metric: str) -> int | None:
+    """N of an ``accuracy@N`` metric, else None."""
+    name, _, at = metric.partition("@")
+    return int(at) if name == "accuracy" and at.isdigit() else None
 
 
 def accuracy_at(curve: list, round_: int) -> float | None:
@@ -594,8 +599,8 @@ def _measured(claim: dict, results: dict[str, list[dict]], samples: list, outcom
     if metric == "rounds_to_target":
         targets = sorted({s.get("target_accuracy") or 0 for label, _ in samples for s in results.get(label, [])})
         prefix = f"rounds to {'/'.join(f'{100 * t:g}%' for t in targets) or 'the target'}: "
-    elif metric.startswith("accuracy@"):
-        prefix = f"at round {metric[len('accuracy@'):]}: "
+    elif round_of(metric) is not None:
+        prefix = f"at round {round_of(metric)}: "
     if "at_least" in claim:
         return f"{prefix}{cell(claim['better'], metric)} against {scale * claim['at_least']:g}{notes[0]}"
     if "gain" in claim and outcomes and outcomes[0] is not None:
