@@ -123,6 +123,15 @@ def test_a_longer_table_becomes_a_pilot_record_that_the_bench_reads(tmp_path):
         [(0, "a-s0", 60, 60), (1, "a-s1", 60, 60)]
 
 
+def test_a_results_folder_without_summaries_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "finished-runs.json").write_text("{}")  # an interim table's folder
+    with pytest.raises(SystemExit) as stop:
+        plateau.main(["--table", str(tmp_path)])
+    assert stop.value.code == 2
+    [*_, line] = capsys.readouterr().err.strip().splitlines()
+    assert "has no summaries.json" in line
+
+
 def test_the_index_counts_an_interim_table_s_finished_runs_beside_its_summaries(tmp_path):
     """A table whose summaries.json holds some rows and whose finished-runs.json holds runs finished since: the
     index counts both, as the interim table does."""
