@@ -100,10 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give RUNS_DIR and the PRESETs the pilot ran, or --table")
     if args.table is not None and args.runs_dir is not None:
         parser.error("--table reads a results folder: give no RUNS_DIR or PRESET with it")
-    if args.table and not (args.table / "summaries.json").is_file():
-        parser.error(f"{args.table} has no summaries.json, which --table reads (a complete table's folder has one)")
     if args.table:  # the table's runs, its own horizon and seeds
-        args.summaries = json.loads((args.table / "summaries.json").read_text())
+        summaries = args.table / "summaries.json"
+        if not summaries.is_file():
+            parser.error(f"{args.table} has no summaries.json, which --table reads (a complete table's folder has one)")
+        args.summaries = json.loads(summaries.read_text())
         runs = [r for rows in args.summaries.values() for r in rows]
         args.rounds = max(r["rounds"] for r in runs)
         args.seeds = ",".join(map(str, sorted({r["seed"] for r in runs})))

@@ -599,8 +599,8 @@ def _measured(claim: dict, results: dict[str, list[dict]], samples: list, outcom
     if metric == "rounds_to_target":
         targets = sorted({s.get("target_accuracy") or 0 for label, _ in samples for s in results.get(label, [])})
         prefix = f"rounds to {'/'.join(f'{100 * t:g}%' for t in targets) or 'the target'}: "
-    elif round_of(metric) is not None:
-        prefix = f"at round {round_of(metric)}: "
+    elif (at := round_of(metric)) is not None:
+        prefix = f"at round {at}: "
     if "at_least" in claim:
         return f"{prefix}{cell(claim['better'], metric)} against {scale * claim['at_least']:g}{notes[0]}"
     if "gain" in claim and outcomes and outcomes[0] is not None:
