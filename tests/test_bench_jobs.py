@@ -133,6 +133,19 @@ def test_the_lines_train_each_run_once_and_the_bench_then_writes_the_table_train
     assert len(jobs(capsys, str(preset), *fresh)[0].splitlines()) == 2
 
 
+@pytest.mark.parametrize("command", [["jobs"], ["suite", "--plan", "--time-budget", "60"]])
+def test_out_naming_a_presets_own_results_folder_is_refused(tmp_path, capsys, command):
+    """``--out results/demo`` where ``results/demo`` holds demo's table: one folder too deep for jobs and suite,
+    which would miss the table's saved runs and write results/demo/demo."""
+    own = tmp_path / "demo"
+    own.mkdir()
+    (own / "table.md").write_text("# demo\n")
+    assert main(["bench", command[0], "demo", *command[1:], "--out", str(own), "--runs-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--out {own} is the results folder of preset 'demo' itself" in err and f"--out {tmp_path}" in err, err
+    assert sorted(p.name for p in own.iterdir()) == ["table.md"] and not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["demo", "--run", "nope"], "bench demo --run: the preset has no run labelled 'nope'; its labels: 'AllSmall', "
                                 "'ExclusiveFL 25% (d)', 'AllLarge'"),

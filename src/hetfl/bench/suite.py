@@ -163,11 +163,20 @@ def load_suite(presets: list[str], out: str | None, runs_root: Path, overrides: 
             raise HetflError(f"{command} takes presets; '{given}' is a benchmark of its own: hetfl bench {given}")
         name, preset = load_preset(given)
         out_dir = Path(out) / name if out else Path("results") / name
+        if out and Path(out).name == name and not out_dir.exists() and _holds_results(Path(out)):
+            # --out one level too deep would write a nested copy and miss the runs the table already holds
+            raise HetflError(f"{command}: --out {out} is the results folder of preset '{name}' itself; {command} "
+                             f"takes the folder that holds each preset's folder: --out {Path(out).parent}")
         if any(p.out_dir == out_dir for p in suite):
             raise HetflError(f"{command}: preset '{name}' is named twice (its results go to {out_dir}); name it once")
         suite.append(PresetRuns(name, given, out_dir, _named_configs(preset, overrides, seeds, runs_root),
                                 _saved_by_label(preset, overrides, out_dir, runs_root), preset.get("claims", [])))
     return suite
+
+
+def _holds_results(folder: Path) -> bool:
+    """Whether ``folder`` is a bench's results folder (what ``hetfl bench PRESET --out`` writes)."""
+    return any((folder / f).exists() for f in ("table.md", "summaries.json", FINISHED))
 
 
 def _saved_by_label(preset: dict, overrides: dict, out_dir: Path, runs_root: Path) -> dict[str, dict[str, dict]]:
